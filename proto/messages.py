@@ -1,0 +1,200 @@
+"""Internal message schemas: small, frozen, versioned msgpack maps that carry references.
+
+Every message is a msgpack map ``{"v": <version>, <field>: <value>, ...}``. :meth:`Message.decode`
+is strict: bytes that are not msgpack, not a map, of an unknown version, missing a field, with an
+unknown field, or with a field of the wrong type (a bool is not an int; a nested map is not a
+string) raise :class:`~shared.errors.DecodeError` whose message names what was wrong — never any
+other exception. A change of meaning gets a new field or a new version, never a reused field.
+
+Limits: an encoded message is at most :data:`MAX_MESSAGE_BYTES`; strings at most
+:data:`MAX_STR` characters (``detail`` and ``error``: :data:`MAX_TEXT`); ints are
+``0 <= n < 2**63``; ids are tokens (see :mod:`proto.names`).
+
+====================  ===========================================================================
+class                 fields
+====================  ===========================================================================
+``JobMessage``        job_id, generation                        (``JOBS``, to the scheduler)
+``TileMessage``       job_id, tile_index, generation            (``TILES``, to the workers)
+``TileDone``          job_id, tile_index, attempt_id, result_key, input_hash   (``EVENTS``)
+``JobEvent``          job_id, kind, generation, detail, result_key | None      (``EVENTS``)
+``DeadLetter``        job_id, unit, reason, error, source_stream, source_seq, deliveries,
+                      subject, payload (the original message bytes)            (``DLQ``)
+====================  ===========================================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, ClassVar, Self
+
+import msgpack
+
+from proto.names import TOKEN_RE, EventKind
+from shared.errors import DecodeError
+
+MAX_MESSAGE_BYTES = 64 * 1024
+MAX_STR = 1024
+MAX_TEXT = 8192
+MAX_INT = 2**63 - 1
+
+_TOKEN_FIELDS = frozenset({"job_id", "attempt_id", "unit", "source_stream"})
+_TEXT_FIELDS = frozenset({"detail", "error"})
+
+
+class Message:
+    """Base of every internal message: ``encode()`` and a strict ``decode()``."""
+
+    VERSION: ClassVar[int] = 1
+
+    def encode(self) -> bytes:
+        """msgpack bytes of this message, ``v`` first."""
+        body = {"v": self.VERSION, **dataclasses.asdict(self)}  # type: ignore[call-overload]
+        for name, value in body.items():
+            if isinstance(value, EventKind):
+                body[name] = value.value
+        packed: bytes = msgpack.packb(body, use_bin_type=True)
+        return packed
+
+    @classmethod
+    def decode(cls, data: bytes) -> Self:
+        """Parse ``data`` or raise :class:`DecodeError` naming the problem."""
+        name = cls.__name__
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise DecodeError(f"{name}: expected bytes, got {type(data).__name__}")
+        if len(data) > MAX_MESSAGE_BYTES:
+            raise DecodeError(f"{name}: {len(data)} bytes exceeds limit {MAX_MESSAGE_BYTES}")
+        try:
+            body = msgpack.unpackb(bytes(data), raw=False, strict_map_key=False)
+        except Exception as exc:  # msgpack raises many unrelated types for garbage
+            raise DecodeError(f"{name}: not msgpack ({type(exc).__name__})") from exc
+        if not isinstance(body, dict):
+            raise DecodeError(f"{name}: expected a map, got {type(body).__name__}")
+        return cls._from_map(body)
+
+    @classmethod
+    def _from_map(cls, body: dict[Any, Any]) -> Self:
+        name = cls.__name__
+        version = body.get("v")
+        if type(version) is not int or version != cls.VERSION:
+            raise DecodeError(f"{name}: unknown version v={version!r} (expected {cls.VERSION})")
+        fields = _field_types(cls)
+        extra = sorted(repr(k) for k in body if k != "v" and k not in fields)
+        if extra:
+            raise DecodeError(f"{name}: unknown field(s) {', '.join(extra)}")
+        values = {f: _check(name, f, t, body[f]) for f, t in fields.items() if f in body}
+        missing = [f for f in fields if f not in values and f not in _defaults(cls)]
+        if missing:
+            raise DecodeError(f"{name}: missing field(s) {', '.join(missing)}")
+        try:
+            return cls(**values)
+        except (ValueError, TypeError) as exc:
+            raise DecodeError(f"{name}: {exc}") from exc
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _defaults(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+
+
+def _check(msg: str, field: str, expected: Any, value: Any) -> Any:
+    """Return ``value`` converted to ``expected`` or raise a DecodeError naming the field."""
+    if isinstance(expected, types.UnionType):  # ``X | None``
+        if value is None:
+            return None
+        expected = next(t for t in typing.get_args(expected) if t is not type(None))
+    where = f"{msg}.{field}"
+    if expected is int:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INT:
+            raise DecodeError(f"{where}: expected an integer in 0..{MAX_INT}, got {value!r:.60}")
+        return value
+    if expected is bytes:
+        if not isinstance(value, bytes):
+            raise DecodeError(f"{where}: expected bytes, got {type(value).__name__}")
+        return value
+    if expected is EventKind:
+        try:
+            return EventKind(value)
+        except ValueError:
+            raise DecodeError(f"{where}: unknown event kind {value!r:.60}") from None
+    return _check_str(where, field, value)
+
+
+def _check_str(where: str, field: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise DecodeError(f"{where}: expected a string, got {type(value).__name__}")
+    limit = MAX_TEXT if field in _TEXT_FIELDS else MAX_STR
+    if len(value) > limit:
+        raise DecodeError(f"{where}: {len(value)} characters exceeds limit {limit}")
+    if field in _TOKEN_FIELDS and TOKEN_RE.fullmatch(value) is None:
+        raise DecodeError(f"{where}: {value!r:.60} is not a token matching {TOKEN_RE.pattern}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class JobMessage(Message):
+    """A job to plan (``JOBS``). ``generation`` grows with every retry of the job."""
+
+    job_id: str
+    generation: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TileMessage(Message):
+    """One tile to render (``TILES``). The sweeper re-publishes with a larger ``generation``."""
+
+    job_id: str
+    tile_index: int
+    generation: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TileDone(Message):
+    """A tile's result is committed; ``result_key`` names the object, ``input_hash`` its inputs."""
+
+    job_id: str
+    tile_index: int
+    attempt_id: str
+    result_key: str
+    input_hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobEvent(Message):
+    """A job-level fact for watchers: completed, failed, cancelled, dead-lettered, retried."""
+
+    job_id: str
+    kind: EventKind
+    generation: int = 0
+    detail: str = ""
+    result_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if EventKind(self.kind) is EventKind.TILE_DONE:
+            raise ValueError("kind tile-done is a TileDone message, not a JobEvent")
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter(Message):
+    """A copy of a message that will never succeed, with the reason (``DLQ``).
+
+    ``unit`` is ``tile-<i>``, ``job`` or ``final``; ``reason`` is an error code (for example
+    ``max_deliveries`` or ``invalid``); ``payload`` is the original message, byte for byte, so a
+    requeue republishes exactly what failed.
+    """
+
+    job_id: str
+    unit: str
+    reason: str
+    error: str
+    source_stream: str
+    source_seq: int
+    deliveries: int
+    subject: str
+    payload: bytes

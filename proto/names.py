@@ -1,0 +1,240 @@
+"""Every subject, stream, consumer, bucket, key and message-id pattern, named once.
+
+Identifiers that appear inside subjects and keys must be *tokens*: 1..64 characters from
+``[A-Za-z0-9_-]`` (no dots, wildcards or whitespace). Job ids are UUIDv7 strings (36 characters,
+lowercase hex with dashes), which are valid tokens and sort by creation time.
+
+Prefix-independent names live here as module functions (message ids, KV keys: they are scoped by
+their stream or bucket). Prefixed names (subjects, stream and bucket names) are methods of
+:class:`Names`, so a test topology ``Names("t123")`` is disjoint from every other one:
+
+==================  ==============================  =========================================
+kind                default (``Names()``)           ``Names("t123")``
+==================  ==============================  =========================================
+stream              ``TILES``                       ``t123_TILES``
+subject             ``tessera.tiles.<job>.<i>``     ``t123.tessera.tiles.<job>.<i>``
+KV bucket           ``tessera-leases``              ``t123_tessera-leases``
+queue group         ``tessera-gateway``             ``t123_tessera-gateway``
+consumer            ``workers``                     ``workers`` (scoped by its stream)
+==================  ==============================  =========================================
+
+Message ids (``Nats-Msg-Id``): ``job:<job>:<gen>``, ``tile:<job>:<i>:<gen>``, ``done:<job>:<i>``,
+``event:<job>:<kind>:<gen>``, ``dlq:<source stream>:<source seq>``.
+KV keys: leases ``tile.<job>.<i>`` and ``final.<job>``; progress ``tile.<job>.<i>``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from enum import StrEnum
+
+from shared.errors import ValidationError
+
+TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""What a job id, DLQ unit or prefix must match (a NATS subject token that is also a key part)."""
+
+STREAM_JOBS = "JOBS"
+STREAM_TILES = "TILES"
+STREAM_EVENTS = "EVENTS"
+STREAM_DLQ = "DLQ"
+STREAM_ADVISORIES = "ADVISORIES"
+
+CONSUMER_SCHEDULER_JOBS = "scheduler-jobs"
+CONSUMER_WORKERS = "workers"
+CONSUMER_FINALIZER = "finalizer"
+CONSUMER_SCHEDULER_ADVISORIES = "scheduler-advisories"
+
+BUCKET_LEASES = "tessera-leases"
+BUCKET_PROGRESS = "tessera-progress"
+
+QUEUE_GROUP_GATEWAY = "tessera-gateway"
+
+DLQ_UNIT_JOB = "job"
+DLQ_UNIT_FINAL = "final"
+
+
+class EventKind(StrEnum):
+    """The last token of an ``EVENTS`` subject."""
+
+    TILE_DONE = "tile-done"
+    JOB_COMPLETED = "job-completed"
+    JOB_FAILED = "job-failed"
+    JOB_CANCELLED = "job-cancelled"
+    JOB_DEAD_LETTERED = "job-dead-lettered"
+    JOB_RETRIED = "job-retried"
+
+
+class ApiVerb(StrEnum):
+    """The API verbs; the subject is ``tessera.api.<verb>``."""
+
+    SUBMIT = "submit"
+    STATUS = "status"
+    CANCEL = "cancel"
+    LIST = "list"
+    RETRY = "retry"
+    DLQ_LIST = "dlq.list"
+    DLQ_SHOW = "dlq.show"
+    DLQ_REQUEUE = "dlq.requeue"
+    DLQ_PURGE = "dlq.purge"
+
+
+def check_token(value: str, what: str) -> str:
+    """Return ``value`` if it is a subject-safe token, else raise :class:`ValidationError`."""
+    if not isinstance(value, str) or TOKEN_RE.fullmatch(value) is None:
+        raise ValidationError(f"{what}: {value!r} is not a token matching {TOKEN_RE.pattern}")
+    return value
+
+
+def check_index(value: int, what: str) -> int:
+    """Return ``value`` if it is a non-negative int (not a bool), else raise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValidationError(f"{what}: {value!r} is not a non-negative integer")
+    return value
+
+
+def new_job_id() -> str:
+    """A fresh UUIDv7 (RFC 9562) string: time-ordered, random-tailed, subject-safe."""
+    millis = time.time_ns() // 1_000_000
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (millis & (2**48 - 1)) << 80 | 0x7 << 76 | (rand >> 68) << 64
+    value |= 0b10 << 62 | rand & (2**62 - 1)
+    return str(uuid.UUID(int=value))
+
+
+def dlq_unit_tile(tile_index: int) -> str:
+    """The DLQ unit token for one tile: ``tile-<i>``."""
+    return f"tile-{check_index(tile_index, 'tile_index')}"
+
+
+def job_msg_id(job_id: str, generation: int) -> str:
+    """``Nats-Msg-Id`` of a ``JOBS`` message; a retry publishes a new generation."""
+    return f"job:{check_token(job_id, 'job_id')}:{check_index(generation, 'generation')}"
+
+
+def tile_msg_id(job_id: str, tile_index: int, generation: int) -> str:
+    """``Nats-Msg-Id`` of a ``TILES`` message; the sweeper re-publishes with a new generation."""
+    job = check_token(job_id, "job_id")
+    return f"tile:{job}:{check_index(tile_index, 'tile_index')}:{check_index(generation, 'gen')}"
+
+
+def done_msg_id(job_id: str, tile_index: int) -> str:
+    """``Nats-Msg-Id`` of a tile-done event: one fact per tile, whoever reports it."""
+    return f"done:{check_token(job_id, 'job_id')}:{check_index(tile_index, 'tile_index')}"
+
+
+def event_msg_id(job_id: str, kind: EventKind, generation: int) -> str:
+    """``Nats-Msg-Id`` of a job event (completed, failed, ...) of one job generation."""
+    job = check_token(job_id, "job_id")
+    return f"event:{job}:{EventKind(kind).value}:{check_index(generation, 'generation')}"
+
+
+def dlq_msg_id(source_stream: str, source_seq: int) -> str:
+    """``Nats-Msg-Id`` of a DLQ copy: keyed by the original message, so re-copying is absorbed."""
+    stream = check_token(source_stream, "source_stream")
+    return f"dlq:{stream}:{check_index(source_seq, 'source_seq')}"
+
+
+def lease_key_tile(job_id: str, tile_index: int) -> str:
+    """Key of a tile lease in the leases bucket: ``tile.<job>.<i>``."""
+    return f"tile.{check_token(job_id, 'job_id')}.{check_index(tile_index, 'tile_index')}"
+
+
+def lease_key_final(job_id: str) -> str:
+    """Key of a job's finalization lease in the leases bucket: ``final.<job>``."""
+    return f"final.{check_token(job_id, 'job_id')}"
+
+
+def progress_key(job_id: str, tile_index: int) -> str:
+    """Key of a tile's progress pointer in the progress bucket: ``tile.<job>.<i>``."""
+    return lease_key_tile(job_id, tile_index)
+
+
+@dataclass(frozen=True)
+class Names:
+    """Prefixed names of one topology; ``prefix=""`` gives the production names."""
+
+    prefix: str = ""
+
+    def __post_init__(self) -> None:
+        if self.prefix:
+            check_token(self.prefix, "prefix")
+
+    def _subject(self, rest: str) -> str:
+        return f"{self.prefix}.{rest}" if self.prefix else rest
+
+    def _name(self, base: str) -> str:
+        return f"{self.prefix}_{base}" if self.prefix else base
+
+    def stream(self, base: str) -> str:
+        """Stream name for a base name such as :data:`STREAM_TILES`."""
+        return self._name(base)
+
+    def bucket(self, base: str) -> str:
+        """KV bucket name for a base name such as :data:`BUCKET_LEASES`."""
+        return self._name(base)
+
+    @property
+    def queue_group(self) -> str:
+        """Queue group the gateways share on the API subjects."""
+        return self._name(QUEUE_GROUP_GATEWAY)
+
+    @property
+    def jobs_subjects(self) -> str:
+        """Wildcard captured by the ``JOBS`` stream."""
+        return self._subject("tessera.jobs.>")
+
+    @property
+    def tiles_subjects(self) -> str:
+        """Wildcard captured by the ``TILES`` stream."""
+        return self._subject("tessera.tiles.>")
+
+    @property
+    def events_subjects(self) -> str:
+        """Wildcard captured by the ``EVENTS`` stream."""
+        return self._subject("tessera.events.>")
+
+    @property
+    def tile_done_filter(self) -> str:
+        """Filter of the finalizer consumer: every job's tile-done events."""
+        return self._subject(f"tessera.events.*.{EventKind.TILE_DONE.value}")
+
+    @property
+    def dlq_subjects(self) -> str:
+        """Wildcard captured by the ``DLQ`` stream."""
+        return self._subject("tessera.dlq.>")
+
+    @property
+    def api_subjects(self) -> str:
+        """Wildcard the gateway subscribes to."""
+        return self._subject("tessera.api.>")
+
+    def job_subject(self, job_id: str) -> str:
+        """Subject of a job's ``JOBS`` message."""
+        return self._subject(f"tessera.jobs.{check_token(job_id, 'job_id')}")
+
+    def tile_subject(self, job_id: str, tile_index: int) -> str:
+        """Subject of one tile's ``TILES`` message."""
+        job = check_token(job_id, "job_id")
+        return self._subject(f"tessera.tiles.{job}.{check_index(tile_index, 'tile_index')}")
+
+    def event_subject(self, job_id: str, kind: EventKind) -> str:
+        """Subject of one event of a job; watchers use ``tessera.events.<job>.>``."""
+        job = check_token(job_id, "job_id")
+        return self._subject(f"tessera.events.{job}.{EventKind(kind).value}")
+
+    def dlq_subject(self, job_id: str, unit: str) -> str:
+        """Subject of a dead letter; ``unit`` is ``tile-<i>``, ``job`` or ``final``."""
+        job = check_token(job_id, "job_id")
+        return self._subject(f"tessera.dlq.{job}.{check_token(unit, 'unit')}")
+
+    def api_subject(self, verb: ApiVerb) -> str:
+        """Request subject of one API verb."""
+        return self._subject(f"tessera.api.{ApiVerb(verb).value}")
+
+    def max_deliveries_advisory(self, stream_base: str) -> str:
+        """Advisory subjects for exhausted deliveries on any consumer of one of our streams."""
+        return f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{self.stream(stream_base)}.>"

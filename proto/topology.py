@@ -1,0 +1,159 @@
+"""Streams, consumers and KV buckets as data, built from one :class:`Topology`.
+
+==============  ===========================================  ==========  ======================
+stream          subjects                                     retention   max age
+==============  ===========================================  ==========  ======================
+``JOBS``        ``tessera.jobs.>``                           work-queue  —
+``TILES``       ``tessera.tiles.<job>.<i>``                  work-queue  —
+``EVENTS``      ``tessera.events.<job>.<kind>``              limits      ``events_max_age``
+``DLQ``         ``tessera.dlq.<job>.<unit>``                 limits      ``dlq_max_age``
+``ADVISORIES``  MAX_DELIVERIES advisories of JOBS, TILES,    limits      ``advisories_max_age``
+                EVENTS
+==============  ===========================================  ==========  ======================
+
+Consumers (all durable, pull, explicit ack, ``ack_wait``/``max_deliver``/``max_ack_pending`` from
+the topology, no ``backoff`` — it silently replaces ``ack_wait`` — and no ``inactive_threshold`` —
+it deletes an idle durable): ``scheduler-jobs`` on JOBS, ``workers`` on TILES, ``finalizer`` on
+EVENTS filtered to tile-done, ``scheduler-advisories`` on ADVISORIES.
+
+KV buckets are declared as their backing streams (``KV_<bucket>``, exactly what nats-py's
+``create_key_value`` would build, so ``js.key_value(bucket)`` opens them): ``tessera-leases``
+(history 1, per-message TTL allowed, no limit marker: see NATS-NOTES) and ``tessera-progress``.
+Reads stay on the stream leader (``allow_direct=False``) so compare-and-set sees its own writes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nats.js import api
+
+from proto import names as n
+from shared.errors import ConfigError
+
+DAY = 86_400.0
+MAX_KV_VALUE = 64 * 1024
+"""Largest lease or progress value, in bytes (values are small JSON documents)."""
+
+_ADVISED_STREAMS = (n.STREAM_JOBS, n.STREAM_TILES, n.STREAM_EVENTS)
+"""Streams whose exhausted deliveries are captured in ADVISORIES."""
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Parameters of one deployment's JetStream objects.
+
+    ``prefix`` isolates a topology (tests use a fresh one each); see :mod:`proto.names`.
+    Durations are in seconds. ``replicas`` is 1 (one server) or 3 (a cluster).
+    """
+
+    prefix: str = ""
+    replicas: int = 1
+    duplicate_window: float = 120.0
+    ack_wait: float = 30.0
+    max_deliver: int = 5
+    max_ack_pending: int = 1000
+    events_max_age: float = 7 * DAY
+    dlq_max_age: float = 90 * DAY
+    advisories_max_age: float = 7 * DAY
+    storage: api.StorageType = api.StorageType.FILE
+    names: n.Names = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "names", n.Names(self.prefix))
+        if self.replicas not in (1, 3):
+            raise ConfigError(f"replicas: {self.replicas} is not 1 or 3")
+        if self.max_deliver < 1 or self.max_ack_pending < 1:
+            raise ConfigError("max_deliver and max_ack_pending must be >= 1")
+        if self.ack_wait < 1:
+            raise ConfigError(f"ack_wait: {self.ack_wait} is below 1 s")
+        ages = (self.events_max_age, self.dlq_max_age, self.advisories_max_age)
+        if not 0 < self.duplicate_window <= min(ages):
+            raise ConfigError("duplicate_window must be > 0 and <= every stream's max age")
+
+    def streams(self) -> list[api.StreamConfig]:
+        """Every stream (KV backing streams included), in creation order."""
+        return [*self.message_streams(), *self.bucket_streams()]
+
+    def message_streams(self) -> list[api.StreamConfig]:
+        """JOBS, TILES, EVENTS, DLQ and ADVISORIES."""
+        nm = self.names
+        wq, lim = api.RetentionPolicy.WORK_QUEUE, api.RetentionPolicy.LIMITS
+        advisories = [nm.max_deliveries_advisory(s) for s in _ADVISED_STREAMS]
+        return [
+            self._stream(n.STREAM_JOBS, [nm.jobs_subjects], wq, 0.0),
+            self._stream(n.STREAM_TILES, [nm.tiles_subjects], wq, 0.0),
+            self._stream(n.STREAM_EVENTS, [nm.events_subjects], lim, self.events_max_age),
+            self._stream(n.STREAM_DLQ, [nm.dlq_subjects], lim, self.dlq_max_age),
+            self._stream(n.STREAM_ADVISORIES, advisories, lim, self.advisories_max_age),
+        ]
+
+    def _stream(
+        self, base: str, subjects: list[str], retention: api.RetentionPolicy, max_age: float
+    ) -> api.StreamConfig:
+        return api.StreamConfig(
+            name=self.names.stream(base),
+            subjects=subjects,
+            retention=retention,
+            storage=self.storage,
+            num_replicas=self.replicas,
+            duplicate_window=self.duplicate_window,
+            max_age=max_age,
+            discard=api.DiscardPolicy.OLD,
+            allow_msg_ttl=False,
+        )
+
+    def bucket_streams(self) -> list[api.StreamConfig]:
+        """Backing streams of the leases and progress buckets."""
+        return [self._bucket(n.BUCKET_LEASES), self._bucket(n.BUCKET_PROGRESS)]
+
+    def _bucket(self, base: str) -> api.StreamConfig:
+        bucket = self.names.bucket(base)
+        return api.StreamConfig(
+            name=f"KV_{bucket}",
+            subjects=[f"$KV.{bucket}.>"],
+            retention=api.RetentionPolicy.LIMITS,
+            storage=self.storage,
+            num_replicas=self.replicas,
+            max_msgs_per_subject=1,
+            max_msg_size=MAX_KV_VALUE,
+            discard=api.DiscardPolicy.NEW,
+            duplicate_window=120.0,
+            max_age=0.0,
+            allow_rollup_hdrs=True,
+            deny_delete=True,
+            allow_direct=False,
+            allow_msg_ttl=True,
+            subject_delete_marker_ttl=None,
+        )
+
+    def consumers(self) -> list[tuple[str, api.ConsumerConfig]]:
+        """``(stream name, consumer config)`` for every durable consumer."""
+        nm = self.names
+        return [
+            (nm.stream(n.STREAM_JOBS), self._consumer(n.CONSUMER_SCHEDULER_JOBS, None)),
+            (nm.stream(n.STREAM_TILES), self._consumer(n.CONSUMER_WORKERS, None)),
+            (
+                nm.stream(n.STREAM_EVENTS),
+                self._consumer(n.CONSUMER_FINALIZER, nm.tile_done_filter),
+            ),
+            (
+                nm.stream(n.STREAM_ADVISORIES),
+                self._consumer(n.CONSUMER_SCHEDULER_ADVISORIES, None),
+            ),
+        ]
+
+    def _consumer(self, name: str, filter_subject: str | None) -> api.ConsumerConfig:
+        return api.ConsumerConfig(
+            name=name,
+            durable_name=name,
+            deliver_policy=api.DeliverPolicy.ALL,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=self.ack_wait,
+            max_deliver=self.max_deliver,
+            max_ack_pending=self.max_ack_pending,
+            filter_subject=filter_subject,
+            replay_policy=api.ReplayPolicy.INSTANT,
+            backoff=None,
+            inactive_threshold=None,
+        )

@@ -1,0 +1,151 @@
+"""ensure_topology against a real nats-server: idempotent, race-safe, updates, TTL leases."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import nats
+import pytest
+from nats.aio.client import Client
+from nats.js import JetStreamContext, api
+from nats.js.errors import KeyWrongLastSequenceError
+
+from proto import names as n
+from proto.ensure import ensure_topology
+from proto.topology import Topology
+from shared.errors import ConfigError
+
+
+def fresh(**params: object) -> Topology:
+    return Topology(prefix=f"t{uuid.uuid4().hex[:10]}", **params)  # type: ignore[arg-type]
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], within: float = 10.0) -> None:
+    """Poll ``check`` until it is true, failing after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while not await check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.1)
+
+
+async def stream_names(js: JetStreamContext) -> set[str]:
+    return {i.config.name for i in await js.streams_info() if i.config.name}
+
+
+async def assert_topology(js: JetStreamContext, topo: Topology) -> None:
+    expected = {s.name for s in topo.streams() if s.name}
+    present = await stream_names(js)
+    if topo.prefix:  # nothing else carries our prefix
+        mine = {x for x in present if x.startswith((f"{topo.prefix}_", f"KV_{topo.prefix}_"))}
+        assert mine == expected
+    else:
+        assert expected <= present
+    wq = {topo.names.stream(n.STREAM_JOBS), topo.names.stream(n.STREAM_TILES)}
+    for stream in topo.streams():
+        assert stream.name is not None
+        cfg = (await js.stream_info(stream.name)).config
+        assert cfg.subjects == stream.subjects
+        assert cfg.num_replicas == topo.replicas
+        want = api.RetentionPolicy.WORK_QUEUE if stream.name in wq else api.RetentionPolicy.LIMITS
+        assert cfg.retention == want
+        assert not cfg.subject_delete_marker_ttl
+    for stream_name, consumer in topo.consumers():
+        infos = await js._jsm.consumers_info(stream_name)
+        assert [c.name for c in infos] == [consumer.name]
+        cfg = infos[0].config
+        assert cfg.durable_name == consumer.name
+        assert cfg.ack_policy == api.AckPolicy.EXPLICIT
+        assert cfg.ack_wait == pytest.approx(topo.ack_wait)
+        assert cfg.max_deliver == topo.max_deliver
+        assert cfg.max_ack_pending == topo.max_ack_pending
+        assert not cfg.backoff
+        assert not cfg.inactive_threshold
+        assert cfg.deliver_subject is None
+        assert cfg.filter_subject == consumer.filter_subject
+    leases = (await js.stream_info(f"KV_{topo.names.bucket(n.BUCKET_LEASES)}")).config
+    assert leases.allow_msg_ttl is True
+    assert leases.max_msgs_per_subject == 1
+
+
+async def test_parallel_on_one_connection(nc: Client) -> None:
+    js, topo = nc.jetstream(), fresh()
+    await asyncio.gather(ensure_topology(js, topo), ensure_topology(js, topo))
+    await assert_topology(js, topo)
+    finalizer = await js.consumer_info(topo.names.stream(n.STREAM_EVENTS), n.CONSUMER_FINALIZER)
+    assert finalizer.config.filter_subject == topo.names.tile_done_filter
+
+
+async def test_parallel_from_four_connections(nats_url: str, nc: Client) -> None:
+    topo = fresh(ack_wait=7.0, max_deliver=3, max_ack_pending=16)
+    clients = [await nats.connect(nats_url) for _ in range(4)]
+    try:
+        await asyncio.gather(*(ensure_topology(c.jetstream(), topo) for c in clients))
+    finally:
+        for c in clients:
+            await c.close()
+    await assert_topology(nc.jetstream(), topo)
+
+
+async def test_changed_ack_wait_updates_consumers(nc: Client) -> None:
+    js, topo = nc.jetstream(), fresh(ack_wait=30.0)
+    await ensure_topology(js, topo)
+    changed = Topology(prefix=topo.prefix, ack_wait=12.0, max_deliver=9)
+    await ensure_topology(js, changed)
+    await assert_topology(js, changed)
+
+
+async def test_changed_duplicate_window_updates_streams(nc: Client) -> None:
+    js, topo = nc.jetstream(), fresh()
+    await ensure_topology(js, topo)
+    await ensure_topology(js, Topology(prefix=topo.prefix, duplicate_window=30.0))
+    info = await js.stream_info(topo.names.stream(n.STREAM_TILES))
+    assert info.config.duplicate_window == pytest.approx(30.0)
+
+
+async def test_unchangeable_retention_is_a_config_error(nc: Client) -> None:
+    js, topo = nc.jetstream(), fresh()
+    name = topo.names.stream(n.STREAM_EVENTS)
+    await js.add_stream(name=name, subjects=[topo.names.events_subjects], retention="workqueue")
+    with pytest.raises(ConfigError, match=name):
+        await ensure_topology(js, topo)
+
+
+async def test_prefixed_topologies_coexist_with_the_default(nc: Client) -> None:
+    js = nc.jetstream()
+    await ensure_topology(js, Topology())
+    await ensure_topology(js, fresh())
+    await assert_topology(js, Topology())
+
+
+async def test_lease_bucket_per_key_ttl(nc: Client) -> None:
+    js, topo = nc.jetstream(), fresh()
+    await ensure_topology(js, topo)
+    kv = await js.key_value(topo.names.bucket(n.BUCKET_LEASES))
+    key = n.lease_key_tile(n.new_job_id(), 0)
+    first = await kv.create(key, b'{"owner":"a"}', msg_ttl=1)
+    with pytest.raises(KeyWrongLastSequenceError):
+        await kv.create(key, b'{"owner":"b"}', msg_ttl=1)
+    assert (await kv.get(key)).value == b'{"owner":"a"}'
+
+    async def expired_and_retaken() -> bool:
+        try:
+            second = await kv.create(key, b'{"owner":"b"}', msg_ttl=5)
+        except KeyWrongLastSequenceError:
+            return False
+        return second > first
+
+    await eventually(expired_and_retaken)
+    assert (await kv.get(key)).value == b'{"owner":"b"}'
+
+
+async def test_lease_bucket_with_limit_marker_is_repaired(nc: Client) -> None:
+    js, topo = nc.jetstream(), fresh()
+    bucket = topo.names.bucket(n.BUCKET_LEASES)
+    await js.create_key_value(api.KeyValueConfig(bucket=bucket, limit_marker_ttl=5))
+    await ensure_topology(js, topo)
+    info = await js.stream_info(f"KV_{bucket}")
+    assert not info.config.subject_delete_marker_ttl
+    assert info.config.allow_msg_ttl is True
