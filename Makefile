@@ -1,0 +1,37 @@
+# The two commands of the README. Each creates .venv when missing and installs the project.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: demo test lint typecheck unit bench
+
+demo: $(VENV)/.installed-local
+	$(BIN)/tessera demo
+
+test: $(VENV)/.installed-dev lint typecheck unit
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
+typecheck: $(VENV)/.installed-dev
+	$(BIN)/mypy
+
+unit: $(VENV)/.installed-dev
+	$(BIN)/pytest
+
+bench: $(VENV)/.installed-dev
+	$(BIN)/python -m bench.kernel
+	$(BIN)/python -m bench.pipeline
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed-local: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[local]'
+	touch $@
+
+$(VENV)/.installed-dev: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@ $(VENV)/.installed-local

@@ -1,0 +1,131 @@
+"""The supervisor starts real servers, they work, and stopping leaves no process behind."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import asyncpg
+import nats
+import pytest
+
+from shared.procs import ManagedProcess, StackError, wait_for
+from shared.stack import NatsServer, SeaweedS3, Stack
+from tests.helpers import eventually_sync, pid_alive
+
+
+async def test_jetstream_kv_create_and_cas(stack: Stack, namespace: str) -> None:
+    nc = await nats.connect(stack.nats.url)
+    try:
+        js = nc.jetstream()
+        kv = await js.create_key_value(bucket=f"{namespace}-kv")
+        rev = await kv.create("k", b"v1")
+        assert (await kv.get("k")).value == b"v1"
+        rev2 = await kv.update("k", b"v2", last=rev)
+        assert rev2 > rev
+        with pytest.raises(nats.js.errors.KeyWrongLastSequenceError):
+            await kv.update("k", b"v3", last=rev)
+        await js.delete_key_value(f"{namespace}-kv")
+    finally:
+        await nc.close()
+
+
+async def test_postgres_query(stack: Stack) -> None:
+    conn = await asyncpg.connect(stack.postgres.dsn)
+    try:
+        assert await conn.fetchval("SELECT 40 + 2") == 42
+    finally:
+        await conn.close()
+
+
+def test_directory_store_is_a_real_directory(stack: Stack) -> None:
+    assert stack.env()["TESSERA_OBJECT_STORE"] == f"file://{stack.objects_dir}"
+    probe = stack.objects_dir / "probe"
+    probe.write_bytes(b"x")
+    assert probe.read_bytes() == b"x"
+    probe.unlink()
+
+
+def test_s3_put_get(seaweed: SeaweedS3) -> None:
+    s3 = seaweed.client()
+    s3.put_object(Bucket="tessera", Key="probe/a", Body=b"hello")  # type: ignore[attr-defined]
+    body = s3.get_object(Bucket="tessera", Key="probe/a")["Body"].read()  # type: ignore[attr-defined]
+    assert body == b"hello"
+
+
+def test_full_stack_with_s3_starts_and_stops_without_leftovers(tmp_path: Path) -> None:
+    with Stack(tmp_path, s3=True, durable=False) as running:
+        pids = running.pids()
+        assert len(pids) == 3
+        assert all(pid_alive(p) for p in pids)
+        assert running.env()["TESSERA_OBJECT_STORE"] == "s3://tessera"
+    assert not any(pid_alive(p) for p in pids)
+
+
+def test_stack_failure_stops_what_started(tmp_path: Path) -> None:
+    stack = Stack(tmp_path)
+    with socket.socket() as occupied:
+        occupied.bind(("127.0.0.1", stack.postgres.port))
+        occupied.listen()
+        with pytest.raises(StackError):
+            stack.start()
+    assert stack.nats.proc.pid is not None
+    assert not pid_alive(stack.nats.proc.pid)
+
+
+def test_occupied_port_gives_a_clear_error(tmp_path: Path) -> None:
+    with socket.socket() as occupied:
+        occupied.bind(("127.0.0.1", 0))
+        occupied.listen()
+        port = occupied.getsockname()[1]
+        server = NatsServer(tmp_path, port=port)
+        with pytest.raises(StackError) as err:
+            server.start(timeout=10)
+    message = str(err.value)
+    assert "nats-server" in message and f"127.0.0.1:{port}" in message
+    assert "within 10 s" in message and "its log" in message
+    assert "address already in use" in message.lower()
+    assert server.proc.pid is not None and not pid_alive(server.proc.pid)
+
+
+def test_readiness_timeout_names_what_and_shows_log(tmp_path: Path) -> None:
+    silent = ManagedProcess("silent", ["sh", "-c", "echo started; exec sleep 30"], tmp_path / "l")
+    silent.start()
+    try:
+        with pytest.raises(StackError) as err:
+            wait_for(lambda: False, timeout=0.3, what="silent did not answer", proc=silent)
+        assert "silent did not answer within 0.3 s; its log" in str(err.value)
+        assert "started" in str(err.value)
+    finally:
+        silent.stop(timeout=2)
+    assert silent.pid is not None and not pid_alive(silent.pid)
+
+
+def test_nothing_survives_a_sigkilled_supervisor(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import pathlib, sys, time
+        from shared.stack import Stack
+        stack = Stack(pathlib.Path({str(tmp_path)!r}), s3=True, durable=False).start()
+        print(" ".join(map(str, stack.pids())), flush=True)
+        time.sleep(120)
+        """
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=Path.cwd()
+    )
+    try:
+        assert parent.stdout is not None
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 3 and all(pid_alive(p) for p in pids)
+    finally:
+        parent.kill()
+        parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()
+    eventually_sync(
+        lambda: not any(pid_alive(p) for p in pids), timeout=10, what="servers exit with parent"
+    )
