@@ -1,0 +1,280 @@
+"""Client API request schemas (JSON over NATS request-reply).
+
+Requests are JSON objects; a request with header ``Content-Type: application/msgpack`` may send
+the same object as msgpack. Replies are always JSON (:mod:`proto.replies`). Unknown fields are
+rejected; ``null`` means "not given" (the default applies). The limits are documented in
+:mod:`proto.limits`: a wrong shape or type is ``bad_request`` (:class:`DecodeError`), a value
+outside a limit is ``invalid`` (:class:`ValidationError`).
+
+========================  ==================  ==============================================
+subject                   schema              fields (defaults)
+========================  ==================  ==============================================
+``tessera.api.submit``    SubmitRequest       project, scene, width, height, spp, frame (0),
+                                              tile_size (64), max_depth (8), seed (0),
+                                              idempotency_key (derived)
+``.status/.cancel/.retry``  JobRequest        job_id
+``tessera.api.list``      ListRequest         state, limit (100), cursor
+``.dlq.list``             DlqListRequest      job_id, limit (100), cursor
+``.dlq.show``             DlqShowRequest      seq (DLQ stream sequence)
+``.dlq.requeue``          DlqRequeueRequest   job_id, dry_run (false), rate (10/s), limit
+``.dlq.purge``            DlqPurgeRequest     job_id or all=true, dry_run (false)
+========================  ==================  ==============================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Self, TypeVar
+
+import msgpack
+import orjson
+
+from proto.fields import Body, check_range, check_str
+from proto.limits import (
+    CURSOR_RE,
+    DEFAULT_BOUNCES,
+    DEFAULT_LIST_LIMIT,
+    DEFAULT_REQUEUE_RATE,
+    DEFAULT_TILE_SIZE,
+    IDEMPOTENCY_KEY_RE,
+    MAX_BOUNCES,
+    MAX_DIMENSION,
+    MAX_FRAME,
+    MAX_LIST_LIMIT,
+    MAX_REQUEST_BYTES,
+    MAX_REQUEUE_LIMIT,
+    MAX_REQUEUE_RATE,
+    MAX_SEED,
+    MAX_SEQ,
+    MAX_SPP,
+    MAX_TILE_SIZE,
+    MAX_TILES,
+    MIN_TILE_SIZE,
+    PROJECT_RE,
+    Scene,
+    check_scene,
+    tile_count,
+)
+from proto.names import TOKEN_RE
+from shared.errors import DecodeError, ValidationError
+from shared.lifecycle import JobState
+
+MSGPACK = "application/msgpack"
+
+
+def _job_id(body: Body, name: str = "job_id") -> str:
+    return check_str(name, body.string(name), TOKEN_RE, 64)
+
+
+def _opt_job_id(body: Body) -> str | None:
+    value = body.string("job_id", None)
+    return None if value is None else check_str("job_id", value, TOKEN_RE, 64)
+
+
+def _limit(body: Body, hi: int = MAX_LIST_LIMIT) -> int:
+    return check_range("limit", body.integer("limit", min(DEFAULT_LIST_LIMIT, hi)), 1, hi)
+
+
+def _cursor(body: Body) -> str | None:
+    value = body.string("cursor", None)
+    return None if value is None else check_str("cursor", value, CURSOR_RE, 256)
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    """``tessera.api.submit``: render one frame of a scene. Validated on construction."""
+
+    project: str
+    scene: Scene
+    width: int
+    height: int
+    spp: int
+    frame: int = 0
+    tile_size: int = DEFAULT_TILE_SIZE
+    max_depth: int = DEFAULT_BOUNCES
+    seed: int = 0
+    idempotency_key: str | None = None
+
+    def __post_init__(self) -> None:
+        check_str("project", self.project, PROJECT_RE, 64)
+        check_scene(self.scene)
+        for name, hi in (("width", MAX_DIMENSION), ("height", MAX_DIMENSION), ("spp", MAX_SPP)):
+            check_range(name, getattr(self, name), 1, hi)
+        check_range("frame", self.frame, 0, MAX_FRAME)
+        check_range("tile_size", self.tile_size, MIN_TILE_SIZE, MAX_TILE_SIZE)
+        check_range("tiles", tile_count(self.width, self.height, self.tile_size), 1, MAX_TILES)
+        check_range("max_depth", self.max_depth, 1, MAX_BOUNCES)
+        check_range("seed", self.seed, 0, MAX_SEED)
+        if self.idempotency_key is not None:
+            check_str("idempotency_key", self.idempotency_key, IDEMPOTENCY_KEY_RE, 128)
+
+    @classmethod
+    def from_body(cls, body: Body) -> Self:
+        """Read and validate a parsed body."""
+        ints = {n: body.integer(n) for n in ("width", "height", "spp")}
+        defaults = {"frame": 0, "tile_size": DEFAULT_TILE_SIZE, "max_depth": DEFAULT_BOUNCES}
+        ints |= {n: body.integer(n, d) for n, d in (defaults | {"seed": 0}).items()}
+        project, scene = body.string("project"), body.raw("scene")
+        key = body.string("idempotency_key", None)
+        body.done()
+        return cls(project=project, scene=scene, idempotency_key=key, **ints)
+
+    def to_body(self) -> dict[str, Any]:
+        """The JSON object a client sends."""
+        body = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        return {k: v for k, v in body.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """``status``, ``cancel`` and ``retry``: one ``job_id``."""
+
+    job_id: str
+
+    @classmethod
+    def from_body(cls, body: Body) -> Self:
+        """Read and validate a parsed body."""
+        job_id = _job_id(body)
+        body.done()
+        return cls(job_id)
+
+
+StatusRequest = CancelRequest = RetryRequest = JobRequest
+
+
+@dataclass(frozen=True)
+class ListRequest:
+    """``tessera.api.list``: jobs, newest first, optionally in one state, a page at a time."""
+
+    state: JobState | None = None
+    limit: int = DEFAULT_LIST_LIMIT
+    cursor: str | None = None
+
+    @classmethod
+    def from_body(cls, body: Body) -> Self:
+        """Read and validate a parsed body."""
+        raw = body.string("state", None)
+        if raw is not None and raw not in {s.value for s in JobState}:
+            states = ", ".join(s.value for s in JobState)
+            raise ValidationError(f"state: {raw!r:.40} is not one of {states}")
+        state = None if raw is None else JobState(raw)
+        limit, cursor = _limit(body), _cursor(body)
+        body.done()
+        return cls(state, limit, cursor)
+
+
+@dataclass(frozen=True)
+class DlqListRequest:
+    """``tessera.api.dlq.list``: dead letters, optionally of one job, a page at a time."""
+
+    job_id: str | None = None
+    limit: int = DEFAULT_LIST_LIMIT
+    cursor: str | None = None
+
+    @classmethod
+    def from_body(cls, body: Body) -> Self:
+        """Read and validate a parsed body."""
+        job_id, limit, cursor = _opt_job_id(body), _limit(body), _cursor(body)
+        body.done()
+        return cls(job_id, limit, cursor)
+
+
+@dataclass(frozen=True)
+class DlqShowRequest:
+    """``tessera.api.dlq.show``: one dead letter by its DLQ stream sequence."""
+
+    seq: int
+
+    @classmethod
+    def from_body(cls, body: Body) -> Self:
+        """Read and validate a parsed body."""
+        seq = check_range("seq", body.integer("seq"), 1, MAX_SEQ)
+        body.done()
+        return cls(seq)
+
+
+@dataclass(frozen=True)
+class DlqRequeueRequest:
+    """``tessera.api.dlq.requeue``: republish dead letters (all, or one job's) at a bounded rate.
+
+    ``dry_run`` reports what would be requeued without touching anything.
+    """
+
+    job_id: str | None = None
+    dry_run: bool = False
+    rate: int = DEFAULT_REQUEUE_RATE
+    limit: int = MAX_REQUEUE_LIMIT
+
+    @classmethod
+    def from_body(cls, body: Body) -> Self:
+        """Read and validate a parsed body."""
+        job_id, dry_run = _opt_job_id(body), body.boolean("dry_run", False)
+        rate = check_range("rate", body.integer("rate", DEFAULT_REQUEUE_RATE), 1, MAX_REQUEUE_RATE)
+        limit = check_range("limit", body.integer("limit", MAX_REQUEUE_LIMIT), 1, MAX_REQUEUE_LIMIT)
+        body.done()
+        return cls(job_id, dry_run, rate, limit)
+
+
+@dataclass(frozen=True)
+class DlqPurgeRequest:
+    """``tessera.api.dlq.purge``: delete one job's dead letters, or all with ``all: true``."""
+
+    job_id: str | None = None
+    all: bool = False
+    dry_run: bool = False
+
+    @classmethod
+    def from_body(cls, body: Body) -> Self:
+        """Read and validate a parsed body."""
+        job_id, everything = _opt_job_id(body), body.boolean("all", False)
+        dry_run = body.boolean("dry_run", False)
+        body.done()
+        if (job_id is None) == (not everything):
+            raise ValidationError("job_id: give exactly one of job_id or all=true")
+        return cls(job_id, everything, dry_run)
+
+
+R = TypeVar("R", SubmitRequest, JobRequest, ListRequest, DlqListRequest, DlqShowRequest,
+            DlqRequeueRequest, DlqPurgeRequest)  # fmt: skip
+REQUEST_SCHEMAS = (SubmitRequest, JobRequest, ListRequest, DlqListRequest, DlqShowRequest,
+                   DlqRequeueRequest, DlqPurgeRequest)  # fmt: skip
+
+
+def decode_request(data: bytes, headers: Mapping[str, str] | None, schema: type[R]) -> R:
+    """Parse a request body (JSON, or msgpack per ``Content-Type``) into ``schema``.
+
+    Raises :class:`DecodeError` for malformed input and :class:`ValidationError` for values
+    outside the documented limits; nothing else.
+    """
+    if len(data) > MAX_REQUEST_BYTES:
+        raise ValidationError(f"request: {len(data)} bytes exceeds the limit {MAX_REQUEST_BYTES}")
+    content_type = _content_type(headers)
+    try:
+        if content_type == MSGPACK:
+            parsed = msgpack.unpackb(bytes(data), raw=False, strict_map_key=False)
+        else:
+            parsed = orjson.loads(data)
+    except Exception as exc:  # either parser raises several types for garbage
+        what = "msgpack" if content_type == MSGPACK else "JSON"
+        raise DecodeError(f"request: body is not valid {what} ({type(exc).__name__})") from exc
+    try:
+        return schema.from_body(Body(schema.__name__, parsed))
+    except RecursionError as exc:  # defence in depth: depth is bounded before recursion
+        raise DecodeError("request: nesting too deep") from exc
+
+
+def _content_type(headers: Mapping[str, str] | None) -> str:
+    for key, value in (headers or {}).items():
+        if key.lower() == "content-type":
+            kind = str(value).split(";", 1)[0].strip().lower()
+            if kind not in ("application/json", MSGPACK):
+                raise DecodeError(f"Content-Type: {kind!r:.40} is not application/json or msgpack")
+            return kind
+    return "application/json"
+
+
+def encode_request(request: SubmitRequest | Any) -> bytes:
+    """JSON body of a request object (for clients and tests)."""
+    body = request.to_body() if isinstance(request, SubmitRequest) else vars(request)
+    return orjson.dumps({k: v for k, v in body.items() if v is not None})

@@ -1,0 +1,64 @@
+"""Idempotency keys and request fingerprints.
+
+The **idempotency key** names the logical request: sha256 of canonical JSON
+(:mod:`proto.canonical`) of the project, the scene's content hash, the frame and every render
+setting (width, height, spp, tile_size, max_depth, seed). ``tile_size`` is part of it because it
+decides the tile plan, although the pixels would be the same. A client-supplied key is scoped to
+its project and hashed too, so every stored key is 64 hex characters and a client key can never
+collide with a derived one.
+
+The **fingerprint** is the hash of the whole normalised request (defaults applied), stored next
+to the key: the same key arriving with a different fingerprint is a ``conflict``, never a silent
+reuse. With a derived key the two always agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proto.api import SubmitRequest
+from proto.canonical import canonical_hash
+from proto.limits import Scene
+
+KEY_VERSION = 1
+
+
+def scene_hash(scene: Scene) -> str:
+    """Content hash of a scene: the builtin's name or the inline document's canonical JSON."""
+    if isinstance(scene, str):
+        return canonical_hash({"builtin": scene})
+    return canonical_hash({"inline": scene})
+
+
+def _settings(request: SubmitRequest) -> dict[str, Any]:
+    names = ("width", "height", "spp", "tile_size", "max_depth", "seed")
+    return {name: getattr(request, name) for name in names}
+
+
+def derived_idempotency_key(request: SubmitRequest) -> str:
+    """The key Tessera derives from the request's logical identity."""
+    identity = {
+        "kind": "tessera.idempotency",
+        "v": KEY_VERSION,
+        "project": request.project,
+        "scene": scene_hash(request.scene),
+        "frame": request.frame,
+        "settings": _settings(request),
+    }
+    return canonical_hash(identity)
+
+
+def idempotency_key(request: SubmitRequest) -> str:
+    """The stored key: derived, or the client's own key scoped to its project."""
+    if request.idempotency_key is None:
+        return derived_idempotency_key(request)
+    scoped = {"kind": "tessera.client-key", "v": KEY_VERSION, "project": request.project}
+    return canonical_hash({**scoped, "key": request.idempotency_key})
+
+
+def request_fingerprint(request: SubmitRequest) -> str:
+    """Hash of the whole normalised request body (the key itself excluded)."""
+    body = request.to_body()
+    body.pop("idempotency_key", None)
+    body["scene"] = scene_hash(request.scene)
+    return canonical_hash({"kind": "tessera.fingerprint", "v": KEY_VERSION, "body": body})

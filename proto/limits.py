@@ -1,0 +1,84 @@
+"""Documented limits of the client API, and the checks that need more than one field.
+
+Limits (``bad_request`` for a wrong shape or type, ``invalid`` for a value outside a limit):
+
+- request body: at most 5 MiB (:data:`MAX_REQUEST_BYTES`)
+- ``project``: 1..64 characters ``[A-Za-z0-9._-]``, starting alphanumeric
+- ``scene``: a builtin name (1..64 characters ``[a-z0-9_-]``) or an inline scene document (a JSON
+  object, canonical JSON at most 4 MiB, nesting at most 32 deep; its contents are the kernel's
+  to validate)
+- ``frame``: 0..1,000,000 (default 0); a client expanding a frame range sends one request per
+  frame, at most 1,000 frames (:func:`frame_range`)
+- ``width``, ``height``: 1..8192 pixels; ``spp`` (samples per pixel): 1..65536
+- ``tile_size``: 8..1024 (default 64), and at most 16,384 tiles per job
+- ``max_depth`` (bounces): 1..64 (default 8); ``seed``: 0..2^32-1 (default 0)
+- ``idempotency_key``: 1..128 characters ``[A-Za-z0-9._:-]``
+- ``job_id``: 1..64 characters ``[A-Za-z0-9_-]`` (Tessera issues UUIDv7 strings)
+- list/DLQ ``limit``: 1..1000 (default 100); ``cursor``: 1..256 printable ASCII characters
+- DLQ requeue ``rate``: 1..1000 messages per second (default 10), ``limit`` up to 10,000
+- every integer must be a finite whole number (``64.0`` is accepted as 64; booleans, ``1.5``,
+  NaN and out-of-range values are not)
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from proto.canonical import canonical_json
+from proto.fields import check_range, check_str, json_depth
+from shared.errors import DecodeError, ValidationError
+
+MAX_REQUEST_BYTES = 5 * 1024 * 1024
+MAX_SCENE_BYTES = 4 * 1024 * 1024
+MAX_SCENE_DEPTH = 32
+MAX_DIMENSION = 8192
+MAX_SPP = 65536
+MIN_TILE_SIZE, MAX_TILE_SIZE, DEFAULT_TILE_SIZE = 8, 1024, 64
+MAX_TILES = 16384
+MAX_FRAME = 1_000_000
+MAX_FRAME_RANGE = 1000
+MAX_BOUNCES, DEFAULT_BOUNCES = 64, 8
+MAX_SEED = 2**32 - 1
+MAX_LIST_LIMIT, DEFAULT_LIST_LIMIT = 1000, 100
+MAX_REQUEUE_LIMIT, MAX_REQUEUE_RATE, DEFAULT_REQUEUE_RATE = 10_000, 1000, 10
+MAX_SEQ = 2**63 - 1
+
+PROJECT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+BUILTIN_SCENE_RE = re.compile(r"[a-z0-9][a-z0-9_-]*")
+IDEMPOTENCY_KEY_RE = re.compile(r"[A-Za-z0-9._:-]+")
+CURSOR_RE = re.compile(r"[!-~]+")
+
+Scene = str | dict[str, Any]
+"""A builtin scene name or an inline scene document."""
+
+
+def tile_count(width: int, height: int, tile_size: int) -> int:
+    """Number of tiles of a ``width`` x ``height`` image cut into ``tile_size`` squares."""
+    return -(-width // tile_size) * -(-height // tile_size)
+
+
+def frame_range(first: int, last: int) -> range:
+    """The frames ``first..last`` (inclusive) a client submits one by one, within the limits."""
+    check_range("frame", first, 0, MAX_FRAME)
+    check_range("frame", last, first, MAX_FRAME)
+    check_range("frames", last - first + 1, 1, MAX_FRAME_RANGE)
+    return range(first, last + 1)
+
+
+def check_scene(scene: Any) -> Scene:
+    """A builtin scene name or an inline document within the size and depth limits."""
+    if isinstance(scene, str):
+        return check_str("scene", scene, BUILTIN_SCENE_RE, 64)
+    if not isinstance(scene, dict):
+        raise DecodeError(f"scene: expected a name or an object, got {type(scene).__name__}")
+    depth = json_depth(scene)
+    if depth > MAX_SCENE_DEPTH:
+        raise ValidationError(f"scene: nesting depth {depth} exceeds the limit {MAX_SCENE_DEPTH}")
+    try:
+        size = len(canonical_json(scene))
+    except ValidationError as exc:
+        raise ValidationError(f"scene: {exc}") from exc
+    if size > MAX_SCENE_BYTES:
+        raise ValidationError(f"scene: {size} bytes exceeds the limit {MAX_SCENE_BYTES}")
+    return scene
