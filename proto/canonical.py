@@ -2,9 +2,10 @@
 
 Rules: object keys must be strings and are sorted (by code point); no whitespace; UTF-8;
 ``true``/``false``/``null`` as usual (a bool is never a number); integers stay integers and must
-fit in a signed 64-bit range; a float with no fractional part becomes an integer
-(``1.0 → 1``, ``-0.0 → 0``); other floats use the shortest round-trip form; NaN and ±inf are
-rejected; tuples are arrays; anything else (bytes, sets, objects) is rejected. Nesting deeper than
+fit in a signed 64-bit range; a float with no fractional part inside that range becomes an
+integer (``1.0 → 1``, ``-0.0 → 0``), so an int and an equal float hash alike; other floats
+(``2.5``, ``1e+300``) use the shortest round-trip form; NaN and ±inf are rejected;
+tuples are arrays; anything else (bytes, sets, objects) is rejected. Nesting deeper than
 :data:`MAX_DEPTH` is rejected. Violations raise :class:`ValidationError` naming the JSON path.
 """
 
@@ -52,11 +53,8 @@ def normalize(value: Any, path: str = "$", depth: int = 0) -> Any:
 def _normalize_float(value: float, path: str) -> int | float:
     if not math.isfinite(value):
         raise ValidationError(f"{path}: {value} is not a finite number")
-    if value.is_integer():
-        as_int = int(value)
-        if not INT_MIN <= as_int <= INT_MAX:
-            raise ValidationError(f"{path}: number {value} is outside the signed 64-bit range")
-        return as_int
+    if value.is_integer() and INT_MIN <= value < -INT_MIN:  # ints beyond this are refused
+        return int(value)
     return value
 
 

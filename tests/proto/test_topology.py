@@ -55,16 +55,16 @@ async def assert_topology(js: JetStreamContext, topo: Topology) -> None:
     for stream_name, consumer in topo.consumers():
         infos = await js._jsm.consumers_info(stream_name)
         assert [c.name for c in infos] == [consumer.name]
-        cfg = infos[0].config
-        assert cfg.durable_name == consumer.name
-        assert cfg.ack_policy == api.AckPolicy.EXPLICIT
-        assert cfg.ack_wait == pytest.approx(topo.ack_wait)
-        assert cfg.max_deliver == topo.max_deliver
-        assert cfg.max_ack_pending == topo.max_ack_pending
-        assert not cfg.backoff
-        assert not cfg.inactive_threshold
-        assert cfg.deliver_subject is None
-        assert cfg.filter_subject == consumer.filter_subject
+        ccfg = infos[0].config
+        assert ccfg.durable_name == consumer.name
+        assert ccfg.ack_policy == api.AckPolicy.EXPLICIT
+        assert ccfg.ack_wait == pytest.approx(topo.ack_wait)
+        assert ccfg.max_deliver == topo.max_deliver
+        assert ccfg.max_ack_pending == topo.max_ack_pending
+        assert not ccfg.backoff
+        assert not ccfg.inactive_threshold
+        assert ccfg.deliver_subject is None
+        assert ccfg.filter_subject == consumer.filter_subject
     leases = (await js.stream_info(f"KV_{topo.names.bucket(n.BUCKET_LEASES)}")).config
     assert leases.allow_msg_ttl is True
     assert leases.max_msgs_per_subject == 1

@@ -1,0 +1,126 @@
+"""Names are tokens and prefixes isolate; replies have the documented shape."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import orjson
+import pytest
+
+from proto import names as n
+from proto.replies import (
+    ApiError,
+    ErrorCode,
+    decode_reply,
+    error_code_for,
+    error_reply,
+    ok_reply,
+    reply_for_exception,
+)
+from proto.topology import Topology
+from shared import errors
+from shared.lifecycle import IllegalTransition
+
+
+def test_job_ids_are_time_ordered_uuid7_tokens() -> None:
+    ids = []
+    for _ in range(3):
+        ids.append(n.new_job_id())
+        time.sleep(0.002)
+    assert ids == sorted(ids)
+    for job_id in ids:
+        assert uuid.UUID(job_id).version == 7 and n.TOKEN_RE.fullmatch(job_id)
+
+
+def test_subjects_keys_and_ids() -> None:
+    nm, job = n.Names(), "0190abcd-0000-7000-8000-000000000001"
+    assert nm.tile_subject(job, 7) == f"tessera.tiles.{job}.7"
+    assert nm.event_subject(job, n.EventKind.TILE_DONE) == f"tessera.events.{job}.tile-done"
+    assert nm.dlq_subject(job, n.dlq_unit_tile(7)) == f"tessera.dlq.{job}.tile-7"
+    assert nm.api_subject(n.ApiVerb.DLQ_REQUEUE) == "tessera.api.dlq.requeue"
+    assert n.lease_key_tile(job, 7) == n.progress_key(job, 7) == f"tile.{job}.7"
+    assert n.lease_key_final(job) == f"final.{job}"
+    assert n.job_msg_id(job, 2) == f"job:{job}:2"
+    assert n.tile_msg_id(job, 7, 1) == f"tile:{job}:7:1"
+    assert n.done_msg_id(job, 7) == f"done:{job}:7"
+    assert n.event_msg_id(job, n.EventKind.JOB_COMPLETED, 0) == f"event:{job}:job-completed:0"
+    assert n.dlq_msg_id("TILES", 42) == "dlq:TILES:42"
+
+
+@pytest.mark.parametrize("bad", ["a.b", "a*", "a>", "", "a b", "x" * 65, "$x"])
+def test_non_token_ids_are_refused(bad: str) -> None:
+    with pytest.raises(errors.ValidationError, match="job_id"):
+        n.Names().job_subject(bad)
+    with pytest.raises(errors.ValidationError):
+        n.lease_key_final(bad)
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.0])
+def test_bad_indices_are_refused(bad: object) -> None:
+    with pytest.raises(errors.ValidationError, match="tile_index"):
+        n.tile_msg_id("j", bad, 0)  # type: ignore[arg-type]
+
+
+def test_prefix_makes_every_name_disjoint() -> None:
+    a, b, default = Topology(prefix="ta"), Topology(prefix="tb"), Topology()
+    for topo in (a, b):
+        assert all(s.name and s.name.startswith(("ta_", "tb_", "KV_t")) for s in topo.streams())
+
+    def subjects(t: Topology) -> set[str]:
+        return {s for cfg in t.streams() for s in cfg.subjects or []}
+
+    assert not subjects(a) & subjects(b) and not subjects(a) & subjects(default)
+    assert a.names.tile_subject("j", 1) == "ta.tessera.tiles.j.1"
+    assert a.names.queue_group == "ta_tessera-gateway"
+    with pytest.raises(errors.ValidationError):
+        Topology(prefix="a.b")
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"replicas": 2}, {"ack_wait": 0.5}, {"max_deliver": 0}, {"duplicate_window": 10**9}],
+)
+def test_bad_topology_parameters(params: dict[str, float]) -> None:
+    with pytest.raises(errors.ConfigError):
+        Topology(**params)  # type: ignore[arg-type]
+
+
+def test_reply_shapes() -> None:
+    assert orjson.loads(ok_reply(job_id="j", state="queued")) == {
+        "ok": True,
+        "job_id": "j",
+        "state": "queued",
+    }
+    assert orjson.loads(error_reply(ErrorCode.CONFLICT, "key reused")) == {
+        "ok": False,
+        "error": {"code": "conflict", "message": "key reused"},
+    }
+    with pytest.raises(ValueError):
+        ok_reply(ok=False)
+    assert decode_reply(ok_reply(n=1)) == {"n": 1}
+    with pytest.raises(ApiError) as info:
+        decode_reply(error_reply(ErrorCode.NOT_FOUND, "no job j"))
+    assert info.value.error_code is ErrorCode.NOT_FOUND
+    with pytest.raises(errors.DecodeError):
+        decode_reply(b"[]")
+
+
+@pytest.mark.parametrize(
+    ("exc", "code"),
+    [
+        (errors.DecodeError("x"), ErrorCode.BAD_REQUEST),
+        (errors.ValidationError("x"), ErrorCode.INVALID),
+        (errors.ConflictError("x"), ErrorCode.CONFLICT),
+        (errors.NotFoundError("x"), ErrorCode.NOT_FOUND),
+        (IllegalTransition("x"), ErrorCode.ILLEGAL_STATE),
+        (errors.StoreUnavailable("x"), ErrorCode.UNAVAILABLE),
+        (errors.FencedError("x"), ErrorCode.INTERNAL),
+        (KeyError("secret"), ErrorCode.INTERNAL),
+    ],
+)
+def test_exceptions_map_to_codes(exc: BaseException, code: ErrorCode) -> None:
+    assert error_code_for(exc) is code
+    body = orjson.loads(reply_for_exception(exc))
+    assert body["error"]["code"] == code.value
+    assert ("secret" in body["error"]["message"]) is False
