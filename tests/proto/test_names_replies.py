@@ -62,15 +62,31 @@ def test_bad_indices_are_refused(bad: object) -> None:
         n.tile_msg_id("j", bad, 0)  # type: ignore[arg-type]
 
 
-def test_prefix_makes_every_name_disjoint() -> None:
-    a, b, default = Topology(prefix="ta"), Topology(prefix="tb"), Topology()
-    for topo in (a, b):
-        assert all(s.name and s.name.startswith(("ta_", "tb_", "KV_t")) for s in topo.streams())
+def overlap(a: str, b: str) -> bool:
+    """Whether two subject patterns can match a common subject (``*`` and ``>`` wildcards)."""
+    ta, tb = a.split("."), b.split(".")
+    for x, y in zip(ta, tb, strict=False):
+        if ">" in (x, y):
+            return True
+        if x != y and "*" not in (x, y):
+            return False
+    return len(ta) == len(tb)
 
-    def subjects(t: Topology) -> set[str]:
-        return {s for cfg in t.streams() for s in cfg.subjects or []}
 
-    assert not subjects(a) & subjects(b) and not subjects(a) & subjects(default)
+def subjects(t: Topology) -> list[str]:
+    return [s for cfg in t.streams() for s in cfg.subjects or []]
+
+
+@pytest.mark.parametrize("prefix", ["ta", "tessera", "JOBS", "tessera_x"])
+def test_prefix_makes_every_name_disjoint(prefix: str) -> None:
+    assert overlap("a.*.c", "a.b.>") and not overlap("a.b", "a.b.c") and overlap("x.>", "x.y")
+    mine, default = Topology(prefix=prefix), Topology()
+    assert all(s.name and s.name.startswith((f"{prefix}_", "KV_")) for s in mine.streams())
+    assert not {s.name for s in mine.streams()} & {s.name for s in default.streams()}
+    for x in subjects(mine):
+        assert not any(overlap(x, y) for y in subjects(default)), x
+        assert sum(overlap(x, y) for y in subjects(mine)) == 1, x  # only itself
+    a = Topology(prefix="ta")
     assert a.names.tile_subject("j", 1) == "ta.tessera.tiles.j.1"
     assert a.names.queue_group == "ta_tessera-gateway"
     with pytest.raises(errors.ValidationError):

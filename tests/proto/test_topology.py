@@ -20,7 +20,8 @@ from shared.errors import ConfigError
 
 
 def fresh(**params: object) -> Topology:
-    return Topology(prefix=f"t{uuid.uuid4().hex[:10]}", **params)  # type: ignore[arg-type]
+    """A topology no other test shares (the shared ``namespace`` fixture works too)."""
+    return Topology(prefix=f"t{uuid.uuid4().hex[:12]}", **params)  # type: ignore[arg-type]
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], within: float = 10.0) -> None:
@@ -113,11 +114,12 @@ async def test_unchangeable_retention_is_a_config_error(nc: Client) -> None:
         await ensure_topology(js, topo)
 
 
-async def test_prefixed_topologies_coexist_with_the_default(nc: Client) -> None:
-    js = nc.jetstream()
-    await ensure_topology(js, Topology())
-    await ensure_topology(js, fresh())
-    await assert_topology(js, Topology())
+async def test_two_prefixed_topologies_coexist(nc: Client) -> None:
+    """The server refuses overlapping stream subjects, so coexistence proves disjointness."""
+    js, first, second = nc.jetstream(), fresh(), fresh()
+    await asyncio.gather(ensure_topology(js, first), ensure_topology(js, second))
+    await assert_topology(js, first)
+    await assert_topology(js, second)
 
 
 async def test_lease_bucket_per_key_ttl(nc: Client) -> None:
