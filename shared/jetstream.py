@@ -254,6 +254,8 @@ async def connect_nats(
             log.error(
                 "NATS %s: PERMISSIONS VIOLATION (check the user's allow lists): %s", name, text
             )
+        elif isinstance(exc, OSError | nats.errors.StaleConnectionError):
+            log.warning("NATS %s: connection problem: %r", name, exc)  # reconnect follows
         else:
             log.error("NATS %s: %s: %s", name, type(exc).__name__, text)
 
@@ -261,7 +263,8 @@ async def connect_nats(
         log.warning("NATS %s: disconnected; reconnecting", name)
 
     async def on_reconnected() -> None:
-        log.warning("NATS %s: reconnected to %s", name, client.connected_url)
+        url = client.connected_url
+        log.warning("NATS %s: reconnected to %s", name, url.netloc if url else "?")
 
     async def on_closed() -> None:
         log.info("NATS %s: connection closed", name)
