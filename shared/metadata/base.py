@@ -1,0 +1,148 @@
+"""The pool, the transaction runner and error translation under :class:`MetadataStore`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, Self, TypeVar
+
+import asyncpg
+import orjson
+from asyncpg import Record
+
+from shared.errors import ConfigError, StoreUnavailable
+from shared.metadata.audit import Conn
+from shared.metadata.jobs import CasMiss
+from shared.metadata.migrate import apply_migrations, load_migrations
+from shared.metadata.translate import is_rerunnable, translated
+
+T = TypeVar("T")
+
+#: a transaction whose compare-and-set keeps losing is rerun at most this often
+TX_ATTEMPTS = 8
+#: bound on waiting for the pool to be released in :meth:`StoreBase.close`
+CLOSE_TIMEOUT = 10.0
+
+
+def _encode_jsonb(value: Any) -> bytes:
+    return b"\x01" + orjson.dumps(value)  # binary jsonb: a version byte, then JSON text
+
+
+def _decode_jsonb(data: bytes) -> Any:
+    return orjson.loads(data[1:])
+
+
+async def _init_connection(conn: asyncpg.Connection[Record]) -> None:
+    await conn.set_type_codec(
+        "jsonb",
+        schema="pg_catalog",
+        encoder=_encode_jsonb,
+        decoder=_decode_jsonb,
+        format="binary",
+    )
+
+
+class StoreBase:
+    """Owns the asyncpg pool; every query runs through :meth:`_tx` or :meth:`_read`."""
+
+    def __init__(self, pool: asyncpg.Pool[Record], *, acquire_timeout: float) -> None:
+        self._pool = pool
+        self._acquire_timeout = acquire_timeout
+        self._closed = False
+
+    @classmethod
+    async def connect(
+        cls,
+        dsn: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        command_timeout: float = 10.0,
+        connect_timeout: float = 5.0,
+        acquire_timeout: float = 30.0,
+        migrate: bool = True,
+    ) -> Self:
+        """Create the pool and (unless ``migrate=False``) apply pending migrations.
+
+        Raises :class:`StoreUnavailable` when the server cannot be reached within
+        ``connect_timeout``; ``command_timeout`` bounds every statement and
+        ``acquire_timeout`` the wait for a free pooled connection.
+        """
+        with translated("connect"):
+            try:
+                pool = await asyncpg.create_pool(
+                    dsn,
+                    min_size=min_size,
+                    max_size=max_size,
+                    command_timeout=command_timeout,
+                    timeout=connect_timeout,
+                    init=_init_connection,
+                    server_settings={"application_name": "tessera"},
+                )
+            except ValueError as exc:  # asyncpg's ClientConfigurationError is one
+                raise ConfigError(f"TESSERA_DATABASE_URL is not a usable DSN: {exc}") from exc
+        store = cls(pool, acquire_timeout=acquire_timeout)
+        if migrate:
+            try:
+                await store.migrate()
+            except BaseException:
+                await store.close()
+                raise
+        return store
+
+    async def migrate(self) -> int:
+        """Apply pending migrations under the advisory lock; the schema version (idempotent)."""
+        migrations = load_migrations()
+        return await self._read("migrate", lambda conn: apply_migrations(conn, migrations))
+
+    async def close(self) -> None:
+        """Close the pool (waits up to ``CLOSE_TIMEOUT`` for borrowed connections, then cuts)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            with translated("close"):
+                await asyncio.wait_for(self._pool.close(), CLOSE_TIMEOUT)
+        except StoreUnavailable:
+            self._pool.terminate()
+
+    async def ping(self) -> None:
+        """One round trip (``SELECT 1``); :class:`StoreUnavailable` if the store is not there."""
+        await self._read("ping", lambda conn: conn.fetchval("SELECT 1"))
+
+    async def _read(self, what: str, fn: Callable[[Conn], Awaitable[T]]) -> T:
+        """Run ``fn`` on a pooled connection outside an explicit transaction."""
+        self._check_open(what)
+        with translated(what):
+            async with self._pool.acquire(timeout=self._acquire_timeout) as conn:
+                return await fn(conn)
+
+    async def _tx(self, what: str, fn: Callable[[Conn], Awaitable[T]]) -> T:
+        """Run ``fn`` in one transaction; rerun it on a CAS miss, deadlock or serialization failure.
+
+        ``fn`` must decide everything from what it reads in the transaction, so a rerun makes
+        the decision again from fresh rows.
+        """
+        self._check_open(what)
+        last: BaseException | None = None
+        with translated(what):
+            for _ in range(TX_ATTEMPTS):
+                try:
+                    async with (
+                        self._pool.acquire(timeout=self._acquire_timeout) as conn,
+                        conn.transaction(),
+                    ):
+                        return await fn(conn)
+                except CasMiss as exc:
+                    last = exc
+                except asyncpg.PostgresError as exc:
+                    if not is_rerunnable(exc):
+                        raise
+                    last = exc
+        raise StoreUnavailable(
+            f"metadata store: {what} lost {TX_ATTEMPTS} races in a row; try again later"
+        ) from last
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise StoreUnavailable(f"metadata store is closed (during {what})")

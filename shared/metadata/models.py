@@ -1,0 +1,212 @@
+"""The typed rows of the metadata store: frozen dataclasses, states as lifecycle enums."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, NamedTuple, TypeVar
+
+from asyncpg import Record
+
+from shared.lifecycle import JobState, TileState
+
+SUBMIT_TRIGGER = "submit"
+"""The ``trigger`` of a job's first audit row (``NULL → queued``); not a lifecycle event."""
+
+
+class CommitOutcome(StrEnum):
+    """What a fenced tile commit did."""
+
+    #: this call moved the tile to ``done``
+    COMMITTED = "committed"
+    #: the tile was already ``done`` (a duplicate commit); nothing changed
+    ALREADY_DONE = "already_done"
+    #: the caller's fencing token is not the tile's: a newer owner holds it; nothing changed
+    FENCED = "fenced"
+
+
+class AttemptOutcome(StrEnum):
+    """How one attempt (one execution of a tile or a finalization) ended."""
+
+    DONE = "done"
+    RETRYABLE = "retryable"
+    TERMINAL = "terminal"
+    LEASE_LOST = "lease_lost"
+    HANDED_BACK = "handed_back"
+    CANCELLED = "cancelled"
+    FENCED = "fenced"
+
+
+class TileRect(NamedTuple):
+    """A tile's pixel rectangle, half-open: ``[x0, x1) × [y0, y1)``."""
+
+    x0: int
+    y0: int
+    x1: int
+    y1: int
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A job to submit; ``request`` is the normalised body ``fingerprint`` hashes."""
+
+    job_id: str
+    idempotency_key: str
+    fingerprint: str
+    project: str
+    request: dict[str, Any]
+    scene: dict[str, Any]
+    frame: int
+    input_hash: str
+    width: int
+    height: int
+    spp: int
+    tile_size: int
+
+
+@dataclass(frozen=True)
+class Job:
+    """One row of ``jobs``."""
+
+    job_id: str
+    idempotency_key: str
+    fingerprint: str
+    project: str
+    request: dict[str, Any]
+    scene: dict[str, Any]
+    frame: int
+    input_hash: str
+    width: int
+    height: int
+    spp: int
+    tile_size: int
+    tiles_total: int
+    state: JobState
+    generation: int
+    cancel_requested: bool
+    result_location: str | None
+    result_sha256: str | None
+    float_location: str | None
+    last_error_code: str | None
+    last_error: str | None
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+
+    @classmethod
+    def from_record(cls, row: Record) -> Job:
+        """Build from a ``SELECT * FROM jobs`` row."""
+        return _build(cls, row, state=JobState(row["state"]))
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    """The job bound to an idempotency key, and whether this submit created it."""
+
+    job: Job
+    created: bool
+
+
+@dataclass(frozen=True)
+class Tile:
+    """One row of ``tiles``; ``generation`` is that of its last ``TILES`` message."""
+
+    job_id: str
+    tile_index: int
+    x0: int
+    y0: int
+    x1: int
+    y1: int
+    state: TileState
+    lease_fence: int
+    generation: int
+    samples_done: int
+    result_key: str | None
+    result_sha256: str | None
+    attempt_count: int
+    last_error_code: str | None
+    last_error: str | None
+    published_at: datetime | None
+    updated_at: datetime
+
+    @property
+    def rect(self) -> TileRect:
+        """The pixel rectangle."""
+        return TileRect(self.x0, self.y0, self.x1, self.y1)
+
+    @classmethod
+    def from_record(cls, row: Record) -> Tile:
+        """Build from a ``SELECT * FROM tiles`` row."""
+        return _build(cls, row, state=TileState(row["state"]))
+
+
+@dataclass(frozen=True)
+class TileCounts:
+    """Progress of one job's tiles (for status replies and progress bars)."""
+
+    total: int
+    done: int
+    by_state: dict[TileState, int]
+    samples_done: int
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One row of ``attempts``: one execution of a tile (or, with no tile, a finalization)."""
+
+    attempt_id: str
+    job_id: str
+    tile_index: int | None
+    kind: str
+    node: str
+    fence: int
+    resumed_from: int
+    started_at: datetime
+    ended_at: datetime | None
+    outcome: AttemptOutcome | None
+    error_code: str | None
+    error: str | None
+
+    @classmethod
+    def from_record(cls, row: Record) -> Attempt:
+        """Build from a ``SELECT * FROM attempts`` row."""
+        outcome = row["outcome"]
+        return _build(cls, row, outcome=None if outcome is None else AttemptOutcome(outcome))
+
+
+@dataclass(frozen=True)
+class AuditEvent:
+    """One row of ``job_events``: a state change of a job or one of its tiles.
+
+    ``from_state``/``to_state`` are :class:`JobState` or :class:`TileState` values (by
+    ``entity``); ``from_state`` is ``None`` only for the job's creation.
+    """
+
+    id: int
+    job_id: str
+    tile_index: int | None
+    attempt_id: str | None
+    node: str
+    entity: str
+    from_state: str | None
+    to_state: str
+    trigger: str
+    error_code: str | None
+    error: str | None
+    detail: str | None
+    at: datetime
+
+    @classmethod
+    def from_record(cls, row: Record) -> AuditEvent:
+        """Build from a ``SELECT * FROM job_events`` row."""
+        return _build(cls, row)
+
+
+_D = TypeVar("_D")
+
+
+def _build(cls: type[_D], row: Record, **override: Any) -> _D:
+    values = {f.name: row[f.name] for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return cls(**(values | override))

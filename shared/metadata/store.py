@@ -1,0 +1,345 @@
+"""``MetadataStore``: the typed, async API of the metadata store (see the package docstring)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from shared.lifecycle import JobState, JobTrigger, TileState, TileTrigger, tile_legal_events
+from shared.metadata import audit, jobs, tiles
+from shared.metadata.audit import Conn, Who
+from shared.metadata.base import StoreBase
+from shared.metadata.models import (
+    Attempt,
+    AttemptOutcome,
+    AuditEvent,
+    CommitOutcome,
+    Job,
+    NewJob,
+    SubmitResult,
+    Tile,
+    TileCounts,
+)
+
+_WORKING = (TileState.LEASED, TileState.PROGRESSING)
+#: tiles an operator retry sends back to the queue (derived from the tile machine)
+REQUEUE_ON_RETRY = tuple(
+    s for s in TileState if s != TileState.QUEUED and TileTrigger.REQUEUE in tile_legal_events(s)
+)
+#: tiles a cancel stops at once; ``leased``/``progressing`` ones are stopped by their owners
+CANCEL_IF_IDLE = tuple(
+    s for s in TileState if s not in _WORKING and TileTrigger.CANCEL in tile_legal_events(s)
+)
+
+
+class MetadataStore(StoreBase):
+    """Jobs, tiles, attempts and the audit trail in PostgreSQL.
+
+    Every method runs in one transaction, translates asyncpg errors into
+    :class:`~shared.errors.StoreUnavailable` (retryable) or a terminal error, and moves states
+    only through :mod:`shared.lifecycle`: an illegal move raises
+    :class:`~shared.lifecycle.IllegalTransition` and changes nothing.
+    """
+
+    # ---- jobs -----------------------------------------------------------------------------
+
+    async def submit_job(self, new: NewJob) -> SubmitResult:
+        """Create the job for ``new.idempotency_key`` or return the existing one.
+
+        ``created`` is False for a repeat; a repeat with another fingerprint raises
+        :class:`~shared.errors.ConflictError` naming the key.
+        """
+        return await self._tx("submit_job", lambda c: jobs.insert_job(c, new, Who()))
+
+    async def get_job(self, job_id: str) -> Job | None:
+        """The job, or ``None``."""
+        return await self._read("get_job", lambda c: jobs.fetch_job(c, job_id))
+
+    async def list_jobs(
+        self, *, state: JobState | None = None, limit: int = 50, before: str | None = None
+    ) -> list[Job]:
+        """Newest first; pass the last ``job_id`` of a page as ``before`` for the next one."""
+        return await self._read(
+            "list_jobs", lambda c: jobs.list_jobs(c, state=state, limit=limit, before=before)
+        )
+
+    async def transition_job(
+        self,
+        job_id: str,
+        trigger: JobTrigger,
+        *,
+        expected: JobState | None = None,
+        node: str = "",
+        attempt_id: str | None = None,
+        error_code: str | None = None,
+        error: str | None = None,
+        detail: str | None = None,
+    ) -> Job:
+        """Apply ``trigger`` as a compare-and-set and audit it; the job afterwards.
+
+        Without ``expected`` the current state is read and a lost race is retried; with it, a
+        job in another state raises IllegalTransition naming the actual state. A self-loop
+        writes nothing (except ``last_error*`` when an error is given) and is not audited.
+        """
+        who = Who(node, attempt_id, error_code, error, detail)
+
+        async def run(conn: Conn) -> Job:
+            await jobs.move_job(conn, job_id, trigger, expected=expected, who=who)
+            return await jobs.require_job(conn, job_id)
+
+        return await self._tx("transition_job", run)
+
+    async def request_cancel(self, job_id: str, *, node: str = "") -> Job:
+        """Set ``cancel_requested``, CANCEL the job and its idle (queued/failed) tiles."""
+        who = Who(node)
+
+        async def run(conn: Conn) -> Job:
+            await jobs.request_cancel(conn, job_id, who)
+            await tiles.move_idle(conn, job_id, CANCEL_IF_IDLE, TileTrigger.CANCEL, who)
+            return await jobs.require_job(conn, job_id)
+
+        return await self._tx("request_cancel", run)
+
+    async def is_cancel_requested(self, job_id: str) -> bool:
+        """The job's cancel flag (one indexed read, for workers between passes)."""
+        return await self._read(
+            "is_cancel_requested", lambda c: jobs.is_cancel_requested(c, job_id)
+        )
+
+    async def retry_job(self, job_id: str, *, node: str = "") -> Job:
+        """RETRY: new generation, errors cleared, failed/dead-lettered tiles REQUEUEd."""
+        who = Who(node)
+
+        async def run(conn: Conn) -> Job:
+            await jobs.retry(conn, job_id, who)
+            await tiles.move_idle(
+                conn, job_id, REQUEUE_ON_RETRY, TileTrigger.REQUEUE, who, fresh=True
+            )
+            return await jobs.require_job(conn, job_id)
+
+        return await self._tx("retry_job", run)
+
+    async def complete_job(
+        self,
+        job_id: str,
+        *,
+        result_location: str,
+        result_sha256: str,
+        float_location: str,
+        node: str = "",
+        attempt_id: str | None = None,
+    ) -> Job:
+        """FINALIZED with the result columns, in one transaction.
+
+        Already completed with the same sha256: returned unchanged. With another sha256:
+        :class:`~shared.errors.ConflictError`.
+        """
+        who = Who(node, attempt_id)
+
+        async def run(conn: Conn) -> Job:
+            await jobs.complete(
+                conn,
+                job_id,
+                result_location=result_location,
+                result_sha256=result_sha256,
+                float_location=float_location,
+                who=who,
+            )
+            return await jobs.require_job(conn, job_id)
+
+        return await self._tx("complete_job", run)
+
+    # ---- tiles ----------------------------------------------------------------------------
+
+    async def plan_tiles(
+        self, job_id: str, rects: Sequence[tuple[int, int, int, int]], *, node: str = ""
+    ) -> list[Tile]:
+        """Insert the plan (idempotent), set ``tiles_total``, TILES_PLANNED; all the tiles.
+
+        A different plan for an already planned job is a ConflictError.
+        """
+        return await self._tx("plan_tiles", lambda c: tiles.plan(c, job_id, rects, Who(node)))
+
+    async def get_tile(self, job_id: str, tile_index: int) -> Tile | None:
+        """The tile, or ``None``."""
+        return await self._read("get_tile", lambda c: tiles.fetch_tile(c, job_id, tile_index))
+
+    async def list_tiles(self, job_id: str) -> list[Tile]:
+        """The job's tiles in index order."""
+        return await self._read("list_tiles", lambda c: tiles.list_tiles(c, job_id))
+
+    async def mark_published(
+        self, job_id: str, tile_indexes: Sequence[int], generation: int
+    ) -> None:
+        """Stamp ``published_at`` and the message ``generation`` on the tiles."""
+        await self._tx(
+            "mark_published", lambda c: tiles.mark_published(c, job_id, tile_indexes, generation)
+        )
+
+    async def fence_tile(
+        self,
+        job_id: str,
+        tile_index: int,
+        *,
+        token: int,
+        attempt_id: str,
+        node: str,
+        resumed_from: int = 0,
+    ) -> bool:
+        """Write the lease's fencing token (``lease_fence < token``), LEASE, record the attempt.
+
+        Also moves the job by TILE_STARTED. False (nothing written) for a stale token, a
+        done/terminal tile, or a terminal or cancel-requested job.
+        """
+        who = Who(node, attempt_id)
+        return await self._tx(
+            "fence_tile",
+            lambda c: tiles.fence(
+                c,
+                job_id,
+                tile_index,
+                token=token,
+                attempt_id=attempt_id,
+                who=who,
+                resumed_from=resumed_from,
+            ),
+        )
+
+    async def record_progress(
+        self,
+        job_id: str,
+        tile_index: int,
+        *,
+        token: int,
+        samples_done: int,
+        node: str = "",
+        attempt_id: str | None = None,
+    ) -> bool:
+        """Fenced ``samples_done`` update (PROGRESS on the first); False if the fence is lost."""
+        who = Who(node, attempt_id)
+        return await self._tx(
+            "record_progress",
+            lambda c: tiles.progress(
+                c, job_id, tile_index, token=token, samples_done=samples_done, who=who
+            ),
+        )
+
+    async def commit_tile(
+        self,
+        job_id: str,
+        tile_index: int,
+        *,
+        token: int,
+        attempt_id: str,
+        result_key: str,
+        result_sha256: str,
+        samples_done: int,
+        node: str,
+    ) -> CommitOutcome:
+        """The fenced commit (``lease_fence = token AND state <> 'done'``) in one transaction.
+
+        COMMITTED: tile done, attempt closed as done, audited, job moved by TILE_PROGRESS
+        (skipped if the job is already terminal). ALREADY_DONE / FENCED: nothing but the
+        attempt's ``fenced`` outcome is written.
+        """
+        who = Who(node, attempt_id)
+        return await self._tx(
+            "commit_tile",
+            lambda c: tiles.commit(
+                c,
+                job_id,
+                tile_index,
+                token=token,
+                result_key=result_key,
+                result_sha256=result_sha256,
+                samples_done=samples_done,
+                who=who,
+            ),
+        )
+
+    async def fail_tile(
+        self,
+        job_id: str,
+        tile_index: int,
+        *,
+        token: int | None,
+        attempt_id: str | None,
+        trigger: TileTrigger,
+        error_code: str,
+        error: str,
+        node: str,
+        outcome: AttemptOutcome | str,
+        job_trigger: JobTrigger | None = None,
+    ) -> Tile | None:
+        """Move the tile by ``trigger`` (retryable, terminal, lease_lost, cancel, dead_letter).
+
+        With ``token`` the move is fenced: a stale owner gets ``None`` and changes nothing.
+        The attempt gets ``outcome``; the move is audited. ``job_trigger``, if given, moves the
+        job in the same transaction (skipped when the job's state does not allow it).
+        """
+        who = Who(node, attempt_id, error_code, error)
+        checked = audit.outcome_of(outcome)
+        return await self._tx(
+            "fail_tile",
+            lambda c: tiles.fail(
+                c,
+                job_id,
+                tile_index,
+                token=token,
+                trigger=trigger,
+                outcome=checked,
+                job_trigger=job_trigger,
+                who=who,
+            ),
+        )
+
+    async def end_attempt(
+        self,
+        attempt_id: str,
+        *,
+        outcome: AttemptOutcome | str,
+        error_code: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        """Close an attempt; the first outcome wins, later calls change nothing."""
+        await self._tx(
+            "end_attempt",
+            lambda c: audit.end_attempt(c, attempt_id, outcome, error_code=error_code, error=error),
+        )
+
+    async def start_final_attempt(
+        self, job_id: str, *, attempt_id: str, node: str, fence: int
+    ) -> None:
+        """Record a finalization attempt (idempotent per ``attempt_id``)."""
+
+        async def run(conn: Conn) -> None:
+            await jobs.state_of(conn, job_id)  # NotFoundError rather than a foreign-key error
+            await audit.start_attempt(
+                conn, job_id, None, attempt_id=attempt_id, node=node, fence=fence
+            )
+
+        await self._tx("start_final_attempt", run)
+
+    # ---- queries --------------------------------------------------------------------------
+
+    async def tile_counts(self, job_id: str) -> TileCounts:
+        """Total, done, per-state counts and the ``samples_done`` sum of the job's tiles."""
+        return await self._read("tile_counts", lambda c: tiles.counts(c, job_id))
+
+    async def all_tiles_done(self, job_id: str) -> bool:
+        """True once the job is planned and every tile is done."""
+        return await self._read("all_tiles_done", lambda c: tiles.all_done(c, job_id))
+
+    async def stale_tiles(self, *, older_than: float, limit: int = 100) -> list[Tile]:
+        """For the sweeper: open tiles of live, not cancel-requested jobs whose message was
+        last published more than ``older_than`` seconds ago (or never), oldest first."""
+        return await self._read(
+            "stale_tiles", lambda c: tiles.stale(c, older_than=older_than, limit=limit)
+        )
+
+    async def job_events(self, job_id: str) -> list[AuditEvent]:
+        """The job's audit trail (job and tile rows), oldest first."""
+        return await self._read("job_events", lambda c: audit.events_of(c, job_id))
+
+    async def attempts(self, job_id: str) -> list[Attempt]:
+        """The job's attempts in start order."""
+        return await self._read("attempts", lambda c: audit.attempts_of(c, job_id))

@@ -1,0 +1,407 @@
+"""Tile rows: the plan, the lease fence, fenced progress/commit/failure, bulk moves, queries.
+
+Like :mod:`shared.metadata.jobs`, every write is a compare-and-set on the state read just
+before (and, where an owner acts, on ``lease_fence``); a miss raises :class:`CasMiss` and the
+store reruns the transaction, so the decision is re-made from fresh rows. A transaction that
+touches both a job and its tiles always writes the job row first, so two of them never wait on
+each other in opposite orders.
+
+Tile audit rows: every state change, and every LEASE (a re-lease of a ``leased`` tile is a new
+owner taking over, which the trail must show); repeated PROGRESS updates are not audited.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from shared.errors import ConflictError, NotFoundError, ValidationError
+from shared.lifecycle import (
+    TERMINAL_JOB_STATES,
+    TERMINAL_TILE_STATES,
+    IllegalTransition,
+    JobState,
+    JobTrigger,
+    TileState,
+    TileTrigger,
+    is_terminal,
+    transition_job,
+    transition_tile,
+)
+from shared.metadata import audit, jobs
+from shared.metadata.audit import Conn, Who
+from shared.metadata.jobs import CasMiss
+from shared.metadata.models import AttemptOutcome, CommitOutcome, Tile, TileCounts, TileRect
+
+_TERMINAL_JOBS = [s.value for s in TERMINAL_JOB_STATES]
+_TERMINAL_TILES = [s.value for s in TERMINAL_TILE_STATES]
+
+
+async def fetch_tile(conn: Conn, job_id: str, tile_index: int) -> Tile | None:
+    """The tile, or ``None``."""
+    row = await conn.fetchrow(
+        "SELECT * FROM tiles WHERE job_id = $1 AND tile_index = $2", job_id, tile_index
+    )
+    return None if row is None else Tile.from_record(row)
+
+
+async def _require(conn: Conn, job_id: str, tile_index: int) -> Tile:
+    tile = await fetch_tile(conn, job_id, tile_index)
+    if tile is None:
+        raise NotFoundError(f"tile {tile_index} of job {job_id} does not exist")
+    return tile
+
+
+async def list_tiles(conn: Conn, job_id: str) -> list[Tile]:
+    """The job's tiles in index order."""
+    rows = await conn.fetch("SELECT * FROM tiles WHERE job_id = $1 ORDER BY tile_index", job_id)
+    return [Tile.from_record(row) for row in rows]
+
+
+def _check_rects(rects: Sequence[tuple[int, int, int, int]]) -> list[TileRect]:
+    if not rects:
+        raise ValidationError("plan: a job needs at least one tile")
+    out = [TileRect(*r) for r in rects]
+    for i, r in enumerate(out):
+        if min(r.x0, r.y0) < 0 or r.x1 <= r.x0 or r.y1 <= r.y0:
+            raise ValidationError(f"plan: tile {i} rect {tuple(r)} is empty or negative")
+    return out
+
+
+async def plan(
+    conn: Conn, job_id: str, rects: Sequence[tuple[int, int, int, int]], who: Who
+) -> list[Tile]:
+    """TILES_PLANNED and the tile rows; a second call with the same plan changes nothing."""
+    wanted = _check_rects(rects)
+    row = await conn.fetchrow("SELECT state, tiles_total FROM jobs WHERE job_id = $1", job_id)
+    if row is None:
+        raise NotFoundError(f"job {job_id} does not exist")
+    if row["tiles_total"] not in (0, len(wanted)):
+        raise ConflictError(
+            f"job {job_id} is planned with {row['tiles_total']} tiles, not {len(wanted)}"
+        )
+    detail = Who(who.node, who.attempt_id, detail=f"{len(wanted)} tiles")
+    await jobs.cas_job(conn, job_id, JobState(row["state"]), JobTrigger.TILES_PLANNED, detail)
+    columns = list(zip(*wanted, strict=True))
+    await conn.execute(
+        """
+        INSERT INTO tiles (job_id, tile_index, x0, y0, x1, y1, state)
+        SELECT $1, r.i - 1, r.x0, r.y0, r.x1, r.y1, $6
+        FROM unnest($2::integer[], $3::integer[], $4::integer[], $5::integer[])
+             WITH ORDINALITY AS r(x0, y0, x1, y1, i)
+        ON CONFLICT (job_id, tile_index) DO NOTHING
+        """,
+        job_id,
+        *columns,
+        TileState.QUEUED.value,
+    )
+    await conn.execute("UPDATE jobs SET tiles_total = $2 WHERE job_id = $1", job_id, len(wanted))
+    tiles = await list_tiles(conn, job_id)
+    if [t.rect for t in tiles] != wanted:
+        raise ConflictError(f"job {job_id} is already planned with different tile rectangles")
+    return tiles
+
+
+async def mark_published(
+    conn: Conn, job_id: str, tile_indexes: Sequence[int], generation: int
+) -> None:
+    """Record a publish of the tiles' messages (generation never goes backwards)."""
+    await conn.execute(
+        """
+        UPDATE tiles SET published_at = now(), generation = GREATEST(generation, $3)
+        WHERE job_id = $1 AND tile_index = ANY($2::integer[])
+        """,
+        job_id,
+        list(tile_indexes),
+        generation,
+    )
+
+
+async def fence(
+    conn: Conn,
+    job_id: str,
+    tile_index: int,
+    *,
+    token: int,
+    attempt_id: str,
+    who: Who,
+    resumed_from: int,
+) -> bool:
+    """LEASE the tile for ``token`` if it is larger than the current fence (see the store)."""
+    job = await conn.fetchrow("SELECT state, cancel_requested FROM jobs WHERE job_id = $1", job_id)
+    if job is None:
+        raise NotFoundError(f"job {job_id} does not exist")
+    job_state = JobState(job["state"])
+    tile = await _require(conn, job_id, tile_index)
+    if job["cancel_requested"] or is_terminal(job_state) or tile.lease_fence >= token:
+        return False
+    try:
+        target = transition_tile(tile.state, TileTrigger.LEASE)
+        transition_job(job_state, JobTrigger.TILE_STARTED)
+    except IllegalTransition:
+        return False
+    await jobs.cas_job(conn, job_id, job_state, JobTrigger.TILE_STARTED, who)
+    moved = await conn.fetchval(
+        """
+        UPDATE tiles SET lease_fence = $3, state = $5, samples_done = $6,
+            attempt_count = attempt_count + 1, updated_at = now()
+        WHERE job_id = $1 AND tile_index = $2 AND lease_fence < $3 AND state = $4
+        RETURNING true
+        """,
+        job_id,
+        tile_index,
+        token,
+        tile.state.value,
+        target.value,
+        resumed_from,
+    )
+    if moved is None:
+        raise CasMiss
+    await audit.start_attempt(
+        conn,
+        job_id,
+        tile_index,
+        attempt_id=attempt_id,
+        node=who.node,
+        fence=token,
+        resumed_from=resumed_from,
+    )
+    await _audit(conn, tile, target, TileTrigger.LEASE, _with_detail(who, f"fence {token}"))
+    return True
+
+
+async def progress(
+    conn: Conn, job_id: str, tile_index: int, *, token: int, samples_done: int, who: Who
+) -> bool:
+    """Record ``samples_done`` under the fence (PROGRESS); False if the fence is lost."""
+    tile = await _require(conn, job_id, tile_index)
+    if tile.lease_fence != token:
+        return False
+    try:
+        target = transition_tile(tile.state, TileTrigger.PROGRESS)
+    except IllegalTransition:
+        return False
+    moved = await conn.fetchval(
+        """
+        UPDATE tiles SET samples_done = $5, state = $6, updated_at = now()
+        WHERE job_id = $1 AND tile_index = $2 AND lease_fence = $3 AND state = $4
+        RETURNING true
+        """,
+        job_id,
+        tile_index,
+        token,
+        tile.state.value,
+        samples_done,
+        target.value,
+    )
+    if moved is None:
+        raise CasMiss
+    if target != tile.state:
+        await _audit(conn, tile, target, TileTrigger.PROGRESS, who)
+    return True
+
+
+async def commit(
+    conn: Conn,
+    job_id: str,
+    tile_index: int,
+    *,
+    token: int,
+    result_key: str,
+    result_sha256: str,
+    samples_done: int,
+    who: Who,
+) -> CommitOutcome:
+    """The fenced commit: COMMIT the tile, close the attempt, TILE_PROGRESS the job."""
+    tile = await _require(conn, job_id, tile_index)
+    if tile.state == TileState.DONE or tile.lease_fence != token:
+        await audit.end_attempt(conn, who.attempt_id, AttemptOutcome.FENCED)
+        done = tile.state == TileState.DONE
+        return CommitOutcome.ALREADY_DONE if done else CommitOutcome.FENCED
+    try:
+        target = transition_tile(tile.state, TileTrigger.COMMIT)
+    except IllegalTransition:  # the fence is ours but the lease was lost or handed back
+        await audit.end_attempt(conn, who.attempt_id, AttemptOutcome.FENCED)
+        return CommitOutcome.FENCED
+    await jobs.try_move_job(conn, job_id, JobTrigger.TILE_PROGRESS, Who(who.node, who.attempt_id))
+    moved = await conn.fetchval(
+        """
+        UPDATE tiles SET state = $5, result_key = $6, result_sha256 = $7, samples_done = $8,
+            last_error_code = NULL, last_error = NULL, updated_at = now()
+        WHERE job_id = $1 AND tile_index = $2 AND lease_fence = $3 AND state = $4
+        RETURNING true
+        """,
+        job_id,
+        tile_index,
+        token,
+        tile.state.value,
+        target.value,
+        result_key,
+        result_sha256,
+        samples_done,
+    )
+    if moved is None:
+        raise CasMiss
+    await audit.end_attempt(conn, who.attempt_id, AttemptOutcome.DONE)
+    await _audit(conn, tile, target, TileTrigger.COMMIT, who)
+    return CommitOutcome.COMMITTED
+
+
+async def fail(
+    conn: Conn,
+    job_id: str,
+    tile_index: int,
+    *,
+    token: int | None,
+    trigger: TileTrigger,
+    outcome: AttemptOutcome,
+    job_trigger: JobTrigger | None,
+    who: Who,
+) -> Tile | None:
+    """Move the tile by a failure ``trigger``; fenced when ``token`` is given (None if not ours)."""
+    tile = await _require(conn, job_id, tile_index)
+    if token is not None and tile.lease_fence != token:
+        await audit.end_attempt(conn, who.attempt_id, AttemptOutcome.FENCED)
+        return None
+    target = _next(tile, trigger)
+    if job_trigger is not None:
+        await jobs.try_move_job(conn, job_id, job_trigger, who)
+    row = await conn.fetchrow(
+        """
+        UPDATE tiles SET state = $5, last_error_code = $6, last_error = $7, updated_at = now()
+        WHERE job_id = $1 AND tile_index = $2 AND ($3::bigint IS NULL OR lease_fence = $3)
+          AND state = $4
+        RETURNING *
+        """,
+        job_id,
+        tile_index,
+        token,
+        tile.state.value,
+        target.value,
+        who.error_code,
+        who.error,
+    )
+    if row is None:
+        raise CasMiss
+    await audit.end_attempt(
+        conn, who.attempt_id, outcome, error_code=who.error_code, error=who.error
+    )
+    await _audit(conn, tile, target, trigger, who)
+    return Tile.from_record(row)
+
+
+async def move_idle(
+    conn: Conn,
+    job_id: str,
+    sources: Iterable[TileState],
+    trigger: TileTrigger,
+    who: Who,
+    *,
+    fresh: bool = False,
+) -> list[int]:
+    """Bulk-move the job's tiles in ``sources`` by ``trigger``; the moved indexes.
+
+    ``fresh`` starts a new message generation with the errors cleared (an operator retry).
+    """
+    moved: list[int] = []
+    for source in sources:
+        target = transition_tile(source, trigger)
+        rows = await conn.fetch(
+            """
+            UPDATE tiles SET state = $3, updated_at = now(),
+                generation = generation + CASE WHEN $4 THEN 1 ELSE 0 END,
+                last_error_code = CASE WHEN $4 THEN NULL ELSE last_error_code END,
+                last_error = CASE WHEN $4 THEN NULL ELSE last_error END
+            WHERE job_id = $1 AND state = $2
+            RETURNING tile_index
+            """,
+            job_id,
+            source.value,
+            target.value,
+            fresh,
+        )
+        indexes = sorted(r["tile_index"] for r in rows)
+        if indexes:
+            await audit.record_tile_events(
+                conn, job_id, indexes, from_state=source, to_state=target, trigger=trigger, who=who
+            )
+        moved += indexes
+    return sorted(moved)
+
+
+async def counts(conn: Conn, job_id: str) -> TileCounts:
+    """Per-state counts and the sum of ``samples_done`` (zeros for an unplanned job)."""
+    rows = await conn.fetch(
+        """
+        SELECT state, count(*) AS n, COALESCE(sum(samples_done), 0) AS samples
+        FROM tiles WHERE job_id = $1 GROUP BY state
+        """,
+        job_id,
+    )
+    by_state = dict.fromkeys(TileState, 0) | {TileState(r["state"]): r["n"] for r in rows}
+    return TileCounts(
+        total=sum(by_state.values()),
+        done=by_state[TileState.DONE],
+        by_state=by_state,
+        samples_done=sum(int(r["samples"]) for r in rows),
+    )
+
+
+async def all_done(conn: Conn, job_id: str) -> bool:
+    """True once the job is planned and every one of its tiles is ``done``."""
+    value = await conn.fetchval(
+        """
+        SELECT j.tiles_total > 0 AND j.tiles_total =
+               (SELECT count(*) FROM tiles t WHERE t.job_id = j.job_id AND t.state = $2)
+        FROM jobs j WHERE j.job_id = $1
+        """,
+        job_id,
+        TileState.DONE.value,
+    )
+    if value is None:
+        raise NotFoundError(f"job {job_id} does not exist")
+    return bool(value)
+
+
+async def stale(conn: Conn, *, older_than: float, limit: int) -> list[Tile]:
+    """Open tiles of live jobs whose message was last published ``older_than`` s ago (or never)."""
+    rows = await conn.fetch(
+        """
+        SELECT t.* FROM tiles t JOIN jobs j ON j.job_id = t.job_id
+        WHERE j.state <> ALL($1::text[]) AND NOT j.cancel_requested
+          AND t.state <> ALL($2::text[])
+          AND (t.published_at IS NULL OR t.published_at < now() - make_interval(secs => $3))
+        ORDER BY t.published_at NULLS FIRST, t.job_id, t.tile_index
+        LIMIT $4
+        """,
+        _TERMINAL_JOBS,
+        _TERMINAL_TILES,
+        older_than,
+        limit,
+    )
+    return [Tile.from_record(row) for row in rows]
+
+
+def _next(tile: Tile, trigger: TileTrigger) -> TileState:
+    try:
+        return transition_tile(tile.state, trigger)
+    except IllegalTransition:
+        raise IllegalTransition(
+            f"tile {tile.tile_index} of job {tile.job_id}: {TileTrigger(trigger).value} is "
+            f"illegal in state {tile.state.value}"
+        ) from None
+
+
+def _with_detail(who: Who, detail: str) -> Who:
+    return Who(who.node, who.attempt_id, who.error_code, who.error, who.detail or detail)
+
+
+async def _audit(conn: Conn, tile: Tile, target: TileState, trigger: TileTrigger, who: Who) -> None:
+    await audit.record_event(
+        conn,
+        tile.job_id,
+        tile_index=tile.tile_index,
+        from_state=tile.state,
+        to_state=target,
+        trigger=trigger,
+        who=who,
+    )
