@@ -1,0 +1,123 @@
+"""The gateway loop: one subscription per API verb, one task per request, bounded.
+
+nats-py runs a subscription's callback for one message at a time, so the callback only takes a
+slot (:attr:`Gateway.max_in_flight`) and spawns the handler; when every slot is busy the callback
+waits, which leaves further requests queued in the client library (back-pressure, not an unbounded
+pile of tasks). On stop the subscriptions go first, then in-flight requests get the grace period
+to finish and reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from proto.names import ApiVerb
+from proto.replies import ErrorCode, error_reply, ok_reply, reply_for_exception
+from services.gateway.dlq import DlqHandlers
+from services.gateway.handlers import Handlers
+from shared.errors import RetryableError, TesseraError
+from shared.runtime import Runtime
+
+__all__ = ["Gateway", "Handler", "run"]
+
+Handler = Callable[[bytes, Mapping[str, str] | None], Awaitable[dict[str, Any]]]
+"""One verb: request body and headers in, the ok reply's fields out (or a TesseraError)."""
+
+
+class Gateway:
+    """The API of one gateway process: subscribe, serve, stop."""
+
+    def __init__(self, rt: Runtime, *, max_in_flight: int = 64) -> None:
+        self.rt = rt
+        self.max_in_flight = max_in_flight
+        self.handlers = Handlers(rt.db, rt.js, rt.names, rt.log)
+        self.dlq = DlqHandlers(rt.js, rt.names, rt.log)
+        self.routes: dict[str, Handler] = {
+            rt.names.api_subject(verb): handler for verb, handler in self._verbs().items()
+        }
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._subs: list[Subscription] = []
+
+    def _verbs(self) -> dict[ApiVerb, Handler]:
+        h, d = self.handlers, self.dlq
+        return {
+            ApiVerb.SUBMIT: h.submit,
+            ApiVerb.STATUS: h.status,
+            ApiVerb.LIST: h.list,
+            ApiVerb.CANCEL: h.cancel,
+            ApiVerb.RETRY: h.retry,
+            ApiVerb.DLQ_LIST: d.list,
+            ApiVerb.DLQ_SHOW: d.show,
+            ApiVerb.DLQ_PURGE: d.purge,
+        }
+
+    async def start(self) -> None:
+        """Subscribe to every verb in the shared queue group; requests flow once this returns."""
+        for subject in self.routes:
+            sub = await self.rt.nc.subscribe(
+                subject, queue=self.rt.names.queue_group, cb=self._on_msg
+            )
+            self._subs.append(sub)
+        await self.rt.nc.flush()
+        self.rt.log.info("gateway listening", subjects=len(self._subs))
+
+    async def stop(self, grace: float) -> None:
+        """Stop taking requests, then give in-flight ones ``grace`` seconds to reply."""
+        for sub in self._subs:
+            await sub.unsubscribe()
+        self._subs.clear()
+        if self._tasks:
+            _, late = await asyncio.wait(set(self._tasks), timeout=grace)
+            for task in late:
+                task.cancel()
+            if late:
+                self.rt.log.warning("requests cut off at stop", count=len(late))
+                await asyncio.wait(late)
+
+    async def _on_msg(self, msg: Msg) -> None:
+        await self._slots.acquire()
+        task = asyncio.create_task(self._serve(msg))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, msg: Msg) -> None:
+        try:
+            reply = await self.dispatch(msg.subject, msg.data, msg.headers)
+            if msg.reply:
+                await msg.respond(reply)
+        except Exception:  # the reply itself failed (connection gone): log, keep serving
+            self.rt.log.error("could not reply", exc=True, subject=msg.subject)
+        finally:
+            self._slots.release()
+
+    async def dispatch(self, subject: str, data: bytes, headers: Mapping[str, str] | None) -> bytes:
+        """The reply to one request: ok, a structured error, or ``internal`` for a bug."""
+        handler = self.routes.get(subject)
+        if handler is None:
+            return error_reply(ErrorCode.BAD_REQUEST, f"{subject}: not an API subject")
+        try:
+            fields = await handler(data, headers)
+        except TesseraError as exc:
+            if isinstance(exc, RetryableError):
+                self.rt.log.warning("request failed, retryable", subject=subject, error=str(exc))
+            return reply_for_exception(exc)
+        except Exception:
+            self.rt.log.error("handler raised", exc=True, subject=subject)
+            return error_reply(ErrorCode.INTERNAL, "internal error (logged by the gateway)")
+        return ok_reply(**fields)
+
+
+async def run(rt: Runtime, stop: asyncio.Event) -> None:
+    """The gateway service body: serve until ``stop`` is set, then drain."""
+    gateway = Gateway(rt)
+    await gateway.start()
+    try:
+        await stop.wait()
+    finally:
+        await gateway.stop(rt.settings.tuning.grace_period)

@@ -1,0 +1,134 @@
+"""The dead-letter verbs: list, show and purge the ``DLQ`` stream.
+
+Dead letters are read straight from the stream by sequence (``get_msg`` with ``next_by_subj``),
+so listing needs no consumer and leaves nothing behind; the cursor of a page is the last
+sequence it showed. ``dlq.requeue`` is not served yet: requeueing a dead tile has to move the
+tile and its job out of ``dead_lettered`` in the metadata store too, or the republished message
+would be acked unprocessed by the first worker that sees the terminal job.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from typing import Any
+
+from nats.js import JetStreamContext, api
+from nats.js.errors import NotFoundError as JsNotFound
+
+from proto.api import DlqListRequest, DlqPurgeRequest, DlqShowRequest, decode_request
+from proto.messages import DeadLetter
+from proto.names import STREAM_DLQ, Names
+from shared.errors import DecodeError, NotFoundError, ValidationError
+from shared.jetstream import retry_transient
+from shared.logs import Log
+
+__all__ = ["DlqHandlers", "dead_letter_view"]
+
+Headers = Mapping[str, str] | None
+READ_TIMEOUT = 5.0
+
+
+def dead_letter_view(raw: api.RawStreamMsg, *, payload: bool = False) -> dict[str, Any]:
+    """A dead letter as reply fields; ``payload`` adds the original bytes as base64."""
+    view: dict[str, Any] = {"seq": raw.seq, "subject": raw.subject}
+    view["time"] = raw.time.isoformat() if raw.time else None
+    try:
+        letter = DeadLetter.decode(raw.data or b"")
+    except DecodeError as exc:  # a foreign message in our stream: show it, do not fail the page
+        return view | {"malformed": str(exc)}
+    view |= {
+        "job_id": letter.job_id,
+        "unit": letter.unit,
+        "reason": letter.reason,
+        "error": letter.error,
+        "source_stream": letter.source_stream,
+        "source_seq": letter.source_seq,
+        "deliveries": letter.deliveries,
+        "original_subject": letter.subject,
+    }
+    if payload:
+        view["payload_b64"] = base64.b64encode(letter.payload).decode()
+    return view
+
+
+class DlqHandlers:
+    """``dlq.list``, ``dlq.show`` and ``dlq.purge`` over one JetStream context."""
+
+    def __init__(self, js: JetStreamContext, names: Names, log: Log) -> None:
+        self.js, self.names, self.log = js, names, log
+        self.stream = names.stream(STREAM_DLQ)
+
+    def _filter(self, job_id: str | None) -> str:
+        if job_id is None:
+            return self.names.dlq_subjects
+        return self.names.dlq_subject(job_id, "*")
+
+    async def _next(self, seq: int, subject: str) -> api.RawStreamMsg | None:
+        """The first dead letter at or after ``seq`` on ``subject``, or None."""
+
+        async def attempt(budget: float) -> api.RawStreamMsg | None:
+            try:
+                return await self.js.get_msg(self.stream, seq=seq, subject=subject, next=True)
+            except JsNotFound:
+                return None
+
+        return await retry_transient("DLQ read", attempt, timeout_total=READ_TIMEOUT)
+
+    async def list(self, data: bytes, headers: Headers) -> dict[str, Any]:
+        """``tessera.api.dlq.list``: dead letters oldest first; ``next_cursor`` null at the end."""
+        request = decode_request(data, headers, DlqListRequest)
+        seq = _cursor_seq(request.cursor) + 1
+        subject, letters = self._filter(request.job_id), list[api.RawStreamMsg]()
+        while len(letters) <= request.limit:
+            raw = await self._next(seq, subject)
+            if raw is None or raw.seq is None:
+                break
+            letters.append(raw)
+            seq = raw.seq + 1
+        page = letters[: request.limit]
+        more = len(letters) > request.limit
+        return {
+            "dead_letters": [dead_letter_view(raw) for raw in page],
+            "next_cursor": str(page[-1].seq) if more else None,
+        }
+
+    async def show(self, data: bytes, headers: Headers) -> dict[str, Any]:
+        """``tessera.api.dlq.show``: one dead letter, with its original payload."""
+        request = decode_request(data, headers, DlqShowRequest)
+        raw = await self._next(request.seq, self.names.dlq_subjects)
+        if raw is None or raw.seq != request.seq:
+            raise NotFoundError(f"dead letter {request.seq} does not exist")
+        return {"dead_letter": dead_letter_view(raw, payload=True)}
+
+    async def purge(self, data: bytes, headers: Headers) -> dict[str, Any]:
+        """``tessera.api.dlq.purge``: delete one job's dead letters (or all); ``dry_run`` counts.
+
+        ``purged`` is the count just before the purge (JetStream's own count is not exposed by
+        nats-py); letters arriving in between are purged too.
+        """
+        request = decode_request(data, headers, DlqPurgeRequest)
+        subject = self._filter(request.job_id)
+
+        async def count(budget: float) -> int:
+            info = await self.js.stream_info(self.stream, subjects_filter=subject)
+            return sum((info.state.subjects or {}).values())
+
+        matched = await retry_transient("DLQ count", count, timeout_total=READ_TIMEOUT)
+        if not request.dry_run and matched:
+
+            async def purge(budget: float) -> bool:
+                return await self.js.purge_stream(self.stream, subject=subject)
+
+            await retry_transient("DLQ purge", purge, timeout_total=READ_TIMEOUT)
+            self.log.warning("dead letters purged", job_id=request.job_id, count=matched)
+        purged = 0 if request.dry_run else matched
+        return {"purged": purged, "matched": matched, "dry_run": request.dry_run}
+
+
+def _cursor_seq(cursor: str | None) -> int:
+    if cursor is None:
+        return 0
+    if not cursor.isdigit() or len(cursor) > 19:
+        raise ValidationError(f"cursor: {cursor!r:.40} is not a DLQ cursor (a sequence number)")
+    return int(cursor)

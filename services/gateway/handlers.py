@@ -1,0 +1,155 @@
+"""The job verbs: submit, status, list, cancel, retry.
+
+Each handler takes the raw request (body and headers) and returns the ok reply's fields, or
+raises a :class:`~shared.errors.TesseraError` that :func:`proto.replies.reply_for_exception`
+turns into the error reply. Everything that can refuse a request (decoding, limits, the kernel's
+scene validation) runs before the first write, so a refused request writes nothing.
+
+Publishing after a database write is the one gap a crash can open; both writes that need a
+message are made replayable instead of atomic. A job is ``queued`` exactly until the scheduler
+has planned its current generation (planning and the state change are one transaction), so a
+duplicate submit of a ``queued`` job publishes its ``JOBS`` message again, and so does a retry
+that finds the job already re-queued at generation > 0: the ``Nats-Msg-Id`` (``job:<id>:<gen>``)
+absorbs the copy inside the duplicate window, and the scheduler's planning is idempotent beyond.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from nats.js import JetStreamContext
+
+from proto.api import JobRequest, ListRequest, SubmitRequest, decode_request
+from proto.idempotency import idempotency_key, request_fingerprint, scene_hash
+from proto.messages import JobEvent, JobMessage
+from proto.names import EventKind, Names, event_msg_id, job_msg_id, new_job_id
+from services.gateway.scenes import check_submission
+from services.gateway.views import job_status, job_summary
+from shared.errors import NotFoundError
+from shared.jetstream import publish
+from shared.lifecycle import IllegalTransition, JobState
+from shared.logs import Log
+from shared.metadata import MetadataStore
+from shared.metadata.jobs import MAX_LIST
+from shared.metadata.models import Job, NewJob
+
+__all__ = ["Handlers", "new_job_for"]
+
+Headers = Mapping[str, str] | None
+
+
+def new_job_for(request: SubmitRequest, scene: dict[str, Any], input_hash: str) -> NewJob:
+    """The row a validated submission inserts (a fresh job id; the key decides if it is used)."""
+    body = request.to_body()
+    body.pop("idempotency_key", None)
+    body["scene"] = scene_hash(request.scene)
+    return NewJob(
+        job_id=new_job_id(),
+        idempotency_key=idempotency_key(request),
+        fingerprint=request_fingerprint(request),
+        project=request.project,
+        request=body,
+        scene=scene,
+        frame=request.frame,
+        input_hash=input_hash,
+        width=request.width,
+        height=request.height,
+        spp=request.spp,
+        tile_size=request.tile_size,
+    )
+
+
+class Handlers:
+    """The job verbs over one metadata store and one JetStream context."""
+
+    def __init__(self, db: MetadataStore, js: JetStreamContext, names: Names, log: Log) -> None:
+        self.db, self.js, self.names, self.log = db, js, names, log
+        #: submits answered with an existing job (the same logical request seen again)
+        self.duplicate_submits = 0
+
+    async def submit(self, data: bytes, headers: Headers) -> dict[str, Any]:
+        """``tessera.api.submit``: create the job once per idempotency key and queue it."""
+        request = decode_request(data, headers, SubmitRequest)
+        checked = await check_submission(request)
+        result = await self.db.submit_job(new_job_for(request, checked.doc, checked.input_hash))
+        job = result.job
+        if not result.created:
+            self.duplicate_submits += 1
+        if result.created or job.state is JobState.QUEUED:
+            await self._publish_job(job)
+        log = self.log.bind(job_id=job.job_id, idempotency_key=job.idempotency_key)
+        log.info("job submitted" if result.created else "duplicate submit", state=job.state.value)
+        return {
+            "job_id": job.job_id,
+            "created": result.created,
+            "duplicate": not result.created,
+            "state": job.state.value,
+            "idempotency_key": job.idempotency_key,
+            "input_hash": job.input_hash,
+        }
+
+    async def _publish_job(self, job: Job) -> None:
+        message = JobMessage(job.job_id, generation=job.generation)
+        subject = self.names.job_subject(job.job_id)
+        msg_id = job_msg_id(job.job_id, job.generation)
+        await publish(self.js, subject, message.encode(), msg_id=msg_id)
+
+    async def _publish_event(self, job: Job, kind: EventKind, detail: str) -> None:
+        event = JobEvent(job.job_id, kind, generation=job.generation, detail=detail)
+        subject = self.names.event_subject(job.job_id, kind)
+        msg_id = event_msg_id(job.job_id, kind, job.generation)
+        await publish(self.js, subject, event.encode(), msg_id=msg_id)
+
+    async def _job(self, job_id: str) -> Job:
+        job = await self.db.get_job(job_id)
+        if job is None:
+            raise NotFoundError(f"job {job_id} does not exist")
+        return job
+
+    async def status(self, data: bytes, headers: Headers) -> dict[str, Any]:
+        """``tessera.api.status``: state, progress, result and last error of one job."""
+        request = decode_request(data, headers, JobRequest)
+        job = await self._job(request.job_id)
+        return job_status(job, await self.db.tile_counts(job.job_id))
+
+    async def list(self, data: bytes, headers: Headers) -> dict[str, Any]:
+        """``tessera.api.list``: a page of jobs, newest first; ``next_cursor`` null at the end."""
+        request = decode_request(data, headers, ListRequest)
+        # one extra row tells whether a next page exists (the store caps a read at MAX_LIST)
+        fetch = min(request.limit + 1, MAX_LIST)
+        jobs = await self.db.list_jobs(state=request.state, limit=fetch, before=request.cursor)
+        page = jobs[: request.limit]
+        more = len(jobs) > request.limit or len(jobs) == fetch == request.limit
+        return {
+            "jobs": [job_summary(job) for job in page],
+            "next_cursor": page[-1].job_id if more else None,
+        }
+
+    async def cancel(self, data: bytes, headers: Headers) -> dict[str, Any]:
+        """``tessera.api.cancel``: flag the job; workers stop at their next pass."""
+        request = decode_request(data, headers, JobRequest)
+        job = await self.db.request_cancel(request.job_id)
+        await self._publish_event(job, EventKind.JOB_CANCELLED, "cancel requested")
+        self.log.info("cancel requested", job_id=job.job_id, state=job.state.value)
+        return {"job_id": job.job_id, "state": job.state.value, "cancel_requested": True}
+
+    async def retry(self, data: bytes, headers: Headers) -> dict[str, Any]:
+        """``tessera.api.retry``: re-queue a failed or dead-lettered job as a new generation."""
+        request = decode_request(data, headers, JobRequest)
+        try:
+            job, replayed = await self.db.retry_job(request.job_id), False
+        except IllegalTransition:
+            job = await self._job(request.job_id)
+            if job.generation == 0 or job.state is not JobState.QUEUED:
+                raise
+            replayed = True  # a retry whose publish was lost: publish it again
+        await self._publish_job(job)
+        await self._publish_event(job, EventKind.JOB_RETRIED, f"generation {job.generation}")
+        self.log.info("job retried", job_id=job.job_id, generation=job.generation)
+        return {
+            "job_id": job.job_id,
+            "state": job.state.value,
+            "generation": job.generation,
+            "replayed": replayed,
+        }
