@@ -1,0 +1,198 @@
+"""What the client commands do, one ``async`` function per command (given a session).
+
+Each returns the exit status (see :mod:`services.client.commands`) and prints results on
+stdout — job ids, tables, or with ``--json`` the raw reply, one JSON object per line — and
+notes on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+import kernel
+from proto.api import SubmitRequest
+from proto.limits import Scene, frame_range
+from services.client import output
+from services.client.session import EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, CommandFailed, Session
+from services.client.watch import watch_jobs
+from shared.errors import DecodeError, ValidationError
+from shared.lifecycle import JobState
+from shared.objectstore import open_object_store
+
+__all__ = ["load_scene", "parse_frames", "submit_requests"]
+
+
+def _print_json(fields: dict[str, Any]) -> None:
+    print(orjson.dumps({"ok": True, **fields}).decode(), flush=True)
+
+
+def load_scene(arg: str) -> Scene:
+    """A scene file (loaded, OBJ meshes inlined) if ``arg`` is a path, else a builtin name."""
+    path = Path(arg)
+    if not path.is_file() and os.sep not in arg and path.suffix != ".json":
+        return arg
+    try:
+        return kernel.load_scene_file(path)
+    except (kernel.SceneError, OSError) as exc:
+        raise CommandFailed(f"scene file {arg}: {exc}", EXIT_USAGE) from exc
+
+
+def parse_frames(frame: int | None, frames: str | None) -> range:
+    """``--frame N`` or ``--frames A-B`` (inclusive) as a range of frames, within the limits."""
+    if frames is None:
+        return range(frame or 0, (frame or 0) + 1)
+    first, sep, last = frames.partition("-")
+    try:
+        return frame_range(int(first), int(last if sep else first))
+    except ValueError as exc:
+        raise CommandFailed(f"--frames {frames!r}: {exc}", EXIT_USAGE) from exc
+
+
+def submit_requests(args: argparse.Namespace, scene: Scene, tile: int) -> list[SubmitRequest]:
+    """One request per frame; a client key becomes ``KEY:FRAME`` when several frames go."""
+    frames = parse_frames(args.frame, args.frames)
+    many = len(frames) > 1
+    try:
+        return [
+            SubmitRequest(
+                project=args.project,
+                scene=scene,
+                width=args.width,
+                height=args.height,
+                spp=args.spp,
+                frame=frame,
+                tile_size=tile,
+                max_depth=args.max_depth,
+                seed=args.seed,
+                idempotency_key=f"{args.key}:{frame}" if args.key and many else args.key,
+            )
+            for frame in frames
+        ]
+    except (ValidationError, DecodeError) as exc:
+        raise CommandFailed(str(exc), EXIT_USAGE) from exc
+
+
+async def submit(session: Session, args: argparse.Namespace) -> int:
+    """``tessera submit``: one request per frame; prints each job id."""
+    tile = args.tile or session.settings.tuning.default_tile
+    requests = submit_requests(args, load_scene(args.scene), tile)
+    job_ids = []
+    for request in requests:
+        reply = await session.client.submit(request)
+        job_ids.append(reply["job_id"])
+        if args.json:
+            _print_json(reply)
+        else:
+            print(reply["job_id"], flush=True)
+            what = "created" if reply["created"] else "duplicate of an existing job"
+            print(f"frame {request.frame}: {what} ({reply['state']})", file=sys.stderr)
+    if args.watch:
+        return await watch_jobs(session.client, job_ids, interval=args.interval)
+    return EXIT_OK
+
+
+async def status(session: Session, args: argparse.Namespace) -> int:
+    """``tessera status JOB``."""
+    reply = await session.client.status(args.job)
+    if args.json:
+        _print_json(reply)
+    else:
+        print(output.status_text(reply))
+    return EXIT_OK
+
+
+async def list_jobs(session: Session, args: argparse.Namespace) -> int:
+    """``tessera list``: a page of jobs, newest first."""
+    reply = await session.client.list(state=args.state, limit=args.limit, cursor=args.cursor)
+    if args.json:
+        _print_json(reply)
+        return EXIT_OK
+    print(output.jobs_table(reply["jobs"]))
+    if reply["next_cursor"]:
+        print(f"more: tessera list --cursor {reply['next_cursor']}", file=sys.stderr)
+    return EXIT_OK
+
+
+async def cancel(session: Session, args: argparse.Namespace) -> int:
+    """``tessera cancel JOB``."""
+    reply = await session.client.cancel(args.job)
+    if args.json:
+        _print_json(reply)
+    else:
+        print(f"{reply['job_id']}: cancel requested (state {reply['state']})")
+    return EXIT_OK
+
+
+async def retry(session: Session, args: argparse.Namespace) -> int:
+    """``tessera retry JOB``."""
+    reply = await session.client.retry(args.job)
+    if args.json:
+        _print_json(reply)
+    else:
+        print(f"{reply['job_id']}: queued again as generation {reply['generation']}")
+    return EXIT_OK
+
+
+async def watch(session: Session, args: argparse.Namespace) -> int:
+    """``tessera watch JOB...``."""
+    return await watch_jobs(session.client, args.jobs, interval=args.interval)
+
+
+async def get(session: Session, args: argparse.Namespace) -> int:
+    """``tessera get JOB``: fetch the final image (and the float image) with verification."""
+    reply = await session.client.status(args.job)
+    if reply["state"] != JobState.COMPLETED or not reply.get("result_location"):
+        status = EXIT_JOB_FAILED
+        raise CommandFailed(
+            f"job {args.job} is {reply['state']}: only a completed job has a result", status
+        )
+    if args.float and not reply.get("float_location"):
+        raise CommandFailed(f"job {args.job} has no float image", EXIT_JOB_FAILED)
+    store = await open_object_store(session.settings.object_store)
+    try:
+        png = await store.get(reply["result_location"], sha256=reply["result_sha256"])
+        output.write_atomic(Path(args.output or f"{args.job}.png"), png)
+        if args.float:
+            output.write_atomic(Path(args.float), await store.get(reply["float_location"]))
+    finally:
+        await store.close()
+    print(args.output or f"{args.job}.png")
+    return EXIT_OK
+
+
+async def dlq_list(session: Session, args: argparse.Namespace) -> int:
+    """``tessera dlq list``."""
+    reply = await session.client.dlq_list(job_id=args.job, limit=args.limit, cursor=args.cursor)
+    if args.json:
+        _print_json(reply)
+        return EXIT_OK
+    print(output.dead_letters_table(reply["dead_letters"]))
+    if reply["next_cursor"]:
+        print(f"more: tessera dlq list --cursor {reply['next_cursor']}", file=sys.stderr)
+    return EXIT_OK
+
+
+async def dlq_show(session: Session, args: argparse.Namespace) -> int:
+    """``tessera dlq show SEQ``."""
+    reply = await session.client.dlq_show(args.seq)
+    print(orjson.dumps({"ok": True, **reply}, option=orjson.OPT_INDENT_2).decode())
+    return EXIT_OK
+
+
+async def dlq_purge(session: Session, args: argparse.Namespace) -> int:
+    """``tessera dlq purge (--job JOB | --all) [--dry-run]``."""
+    reply = await session.client.dlq_purge(
+        job_id=args.job, everything=args.all, dry_run=args.dry_run
+    )
+    if args.json:
+        _print_json(reply)
+    else:
+        verb = "would purge" if reply["dry_run"] else "purged"
+        print(f"{verb} {reply['matched']} dead letter(s)")
+    return EXIT_OK

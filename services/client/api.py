@@ -1,0 +1,112 @@
+"""Typed calls to the gateway over NATS request-reply.
+
+Every method sends one request and returns the ok reply's fields (``ok`` removed); an error
+reply raises :class:`~proto.replies.ApiError` (its ``code`` is an
+:class:`~proto.replies.ErrorCode` value). When no gateway is subscribed (``no responders``,
+e.g. while one restarts) the request is repeated until ``timeout`` has passed; a request that a
+gateway received but did not answer within ``timeout`` is not repeated. Either way the failure is
+:class:`GatewayUnavailable`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import nats.errors
+import orjson
+from nats.aio.client import Client as NATS
+
+from proto.api import SubmitRequest
+from proto.names import ApiVerb, Names
+from proto.replies import decode_reply
+from shared.errors import StoreUnavailable
+from shared.lifecycle import JobState
+
+__all__ = ["DEFAULT_TIMEOUT", "GatewayUnavailable", "TesseraClient"]
+
+DEFAULT_TIMEOUT = 10.0
+_NO_RESPONDERS_PAUSE = 0.1
+
+
+class GatewayUnavailable(StoreUnavailable):
+    """No gateway answered within the timeout (none running, or NATS unreachable)."""
+
+
+class TesseraClient:
+    """The client API of one deployment (``names``) over one NATS connection."""
+
+    def __init__(self, nc: NATS, names: Names, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.nc, self.names, self.timeout = nc, names, timeout
+
+    async def call(self, verb: ApiVerb, body: dict[str, Any]) -> dict[str, Any]:
+        """Send ``body`` (``None`` values dropped) to ``verb``; the ok reply's fields."""
+        subject = self.names.api_subject(verb)
+        data = orjson.dumps({k: v for k, v in body.items() if v is not None})
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        while True:
+            remaining = deadline - loop.time()
+            try:
+                msg = await self.nc.request(subject, data, timeout=max(remaining, 0.01))
+            except nats.errors.NoRespondersError:
+                if remaining <= _NO_RESPONDERS_PAUSE:
+                    raise GatewayUnavailable(
+                        f"no gateway is serving {subject} (waited {self.timeout:g} s)"
+                    ) from None
+                await asyncio.sleep(_NO_RESPONDERS_PAUSE)
+                continue
+            except (TimeoutError, nats.errors.TimeoutError):
+                raise GatewayUnavailable(
+                    f"no gateway answered {subject} within {self.timeout:g} s"
+                ) from None
+            except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
+                raise GatewayUnavailable("the NATS connection is closed") from None
+            return decode_reply(msg.data)
+
+    async def submit(self, request: SubmitRequest) -> dict[str, Any]:
+        """Submit one frame; ``job_id``, ``created``, ``duplicate``, ``state``, keys."""
+        return await self.call(ApiVerb.SUBMIT, request.to_body())
+
+    async def status(self, job_id: str) -> dict[str, Any]:
+        """State, progress, result location and last error of one job."""
+        return await self.call(ApiVerb.STATUS, {"job_id": job_id})
+
+    async def list(
+        self,
+        *,
+        state: JobState | str | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        """A page of jobs, newest first: ``jobs`` and ``next_cursor`` (null at the end)."""
+        state_value = None if state is None else JobState(state).value
+        return await self.call(
+            ApiVerb.LIST, {"state": state_value, "limit": limit, "cursor": cursor}
+        )
+
+    async def cancel(self, job_id: str) -> dict[str, Any]:
+        """Ask for a job to be cancelled."""
+        return await self.call(ApiVerb.CANCEL, {"job_id": job_id})
+
+    async def retry(self, job_id: str) -> dict[str, Any]:
+        """Re-queue a failed or dead-lettered job as a new generation."""
+        return await self.call(ApiVerb.RETRY, {"job_id": job_id})
+
+    async def dlq_list(
+        self, *, job_id: str | None = None, limit: int | None = None, cursor: str | None = None
+    ) -> dict[str, Any]:
+        """A page of dead letters, oldest first: ``dead_letters`` and ``next_cursor``."""
+        body = {"job_id": job_id, "limit": limit, "cursor": cursor}
+        return await self.call(ApiVerb.DLQ_LIST, body)
+
+    async def dlq_show(self, seq: int) -> dict[str, Any]:
+        """One dead letter by its DLQ stream sequence, with the original payload."""
+        return await self.call(ApiVerb.DLQ_SHOW, {"seq": seq})
+
+    async def dlq_purge(
+        self, *, job_id: str | None = None, everything: bool = False, dry_run: bool = False
+    ) -> dict[str, Any]:
+        """Delete one job's dead letters (or all of them); ``dry_run`` only counts."""
+        body = {"job_id": job_id, "all": everything or None, "dry_run": dry_run}
+        return await self.call(ApiVerb.DLQ_PURGE, body)

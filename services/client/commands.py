@@ -1,0 +1,135 @@
+"""Client commands of ``tessera``: submit, status, watch, get, list, cancel, retry, dlq.
+
+They read their settings from the environment (``Settings.from_env``: ``TESSERA_NATS_URL``,
+``TESSERA_DATABASE_URL``, ``TESSERA_OBJECT_STORE``, ``TESSERA_NAMESPACE`` ...) and talk to the
+gateways over NATS.
+
+Exit status, for scripts:
+
+====  ==========================================================================================
+0     success (``watch``/``submit --watch``: every job completed)
+1     a job ended failed, cancelled or dead-lettered, or has no result yet (``watch``, ``get``)
+2     usage or configuration error (bad option, unreadable scene file, missing variable)
+3     the gateway answered with an error: prints ``error[code]: message`` (bad_request,
+      invalid, conflict, not_found, illegal_state, internal)
+4     unavailable: no gateway answered within ``--timeout``, NATS or a store is unreachable
+====  ==========================================================================================
+
+``--json`` prints the raw reply (one JSON object per line).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Awaitable, Callable
+from functools import partial
+
+from services.client import actions
+from services.client.api import DEFAULT_TIMEOUT
+from services.client.session import Session, run_command
+from shared.lifecycle import JobState
+
+__all__ = ["EPILOG", "register"]
+
+EPILOG = (
+    "exit status: 0 ok; 1 job failed, cancelled, dead-lettered or not completed; "
+    "2 usage or configuration error; 3 error reply from the gateway (error[code]: message); "
+    "4 unavailable (no gateway answered within --timeout, NATS unreachable)"
+)
+
+Action = Callable[[Session, argparse.Namespace], Awaitable[int]]
+Sub = argparse._SubParsersAction[argparse.ArgumentParser]
+
+
+def _run(action: Action, args: argparse.Namespace) -> int:
+    async def command(session: Session) -> int:
+        return await action(session, args)
+
+    return run_command(command, timeout=args.timeout)
+
+
+def _command(sub: Sub, name: str, action: Action, help_text: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help_text, description=help_text, epilog=EPILOG)
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        help=f"seconds to wait for a gateway (default {DEFAULT_TIMEOUT:g})",
+    )
+    p.set_defaults(func=partial(_run, action))
+    return p
+
+
+def _json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print the raw reply as JSON")
+
+
+def _add_submit(sub: Sub) -> None:
+    p = _command(sub, "submit", actions.submit, "submit one frame, or one job per frame")
+    p.add_argument("scene", metavar="SCENE|BUILTIN", help="scene JSON file or builtin scene name")
+    frames = p.add_mutually_exclusive_group()
+    frames.add_argument("--frame", type=int, default=None, help="frame number (default 0)")
+    frames.add_argument("--frames", metavar="A-B", help="submit frames A..B, one job each")
+    p.add_argument("--width", type=int, default=320, help="pixels (default 320)")
+    p.add_argument("--height", type=int, default=240, help="pixels (default 240)")
+    p.add_argument("--spp", type=int, default=16, help="samples per pixel (default 16)")
+    p.add_argument(
+        "--tile", type=int, default=None, help="tile edge (default TESSERA_DEFAULT_TILE)"
+    )
+    p.add_argument("--max-depth", type=int, default=None, help="bounces (gateway default 8)")
+    p.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
+    p.add_argument("--project", default="default", help="project name (default 'default')")
+    p.add_argument("--key", default=None, help="idempotency key (KEY:FRAME for a range)")
+    p.add_argument("--watch", action="store_true", help="then watch the jobs to the end")
+    p.add_argument("--interval", type=float, default=2.0, help="watch poll interval, seconds")
+    _json(p)
+
+
+def _add_jobs(sub: Sub) -> None:
+    p = _command(sub, "status", actions.status, "show a job's state and progress")
+    p.add_argument("job", metavar="JOB")
+    _json(p)
+    p = _command(sub, "watch", actions.watch, "follow jobs with progress bars until they end")
+    p.add_argument("jobs", metavar="JOB", nargs="+")
+    p.add_argument("--interval", type=float, default=2.0, help="status poll interval, seconds")
+    p = _command(sub, "get", actions.get, "download a completed job's image (sha256-verified)")
+    p.add_argument("job", metavar="JOB")
+    p.add_argument("-o", "--output", default=None, help="PNG path (default JOB.png)")
+    p.add_argument("--float", default=None, metavar="PATH", help="also fetch the float image")
+    p = _command(sub, "list", actions.list_jobs, "list jobs, newest first")
+    p.add_argument("--state", choices=[s.value for s in JobState], default=None)
+    p.add_argument("--limit", type=int, default=None, help="page size (default 100)")
+    p.add_argument("--cursor", default=None, help="next_cursor of the previous page")
+    _json(p)
+    for name, action, text in (
+        ("cancel", actions.cancel, "cancel a job"),
+        ("retry", actions.retry, "re-queue a failed or dead-lettered job"),
+    ):
+        p = _command(sub, name, action, text)
+        p.add_argument("job", metavar="JOB")
+        _json(p)
+
+
+def _add_dlq(sub: Sub) -> None:
+    dlq = sub.add_parser("dlq", help="inspect and purge dead letters", epilog=EPILOG)
+    verbs = dlq.add_subparsers(dest="dlq_command", required=True, metavar="VERB")
+    p = _command(verbs, "list", actions.dlq_list, "list dead letters, oldest first")
+    p.add_argument("--job", default=None, metavar="JOB", help="only this job's")
+    p.add_argument("--limit", type=int, default=None, help="page size (default 100)")
+    p.add_argument("--cursor", default=None, help="next_cursor of the previous page")
+    _json(p)
+    p = _command(verbs, "show", actions.dlq_show, "show one dead letter with its payload")
+    p.add_argument("seq", type=int, metavar="SEQ")
+    p = _command(verbs, "purge", actions.dlq_purge, "delete dead letters")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--job", default=None, metavar="JOB", help="this job's dead letters")
+    which.add_argument("--all", action="store_true", help="every dead letter")
+    p.add_argument("--dry-run", action="store_true", help="only count")
+    _json(p)
+
+
+def register(sub: Sub) -> None:
+    """Add the client commands to the ``tessera`` command."""
+    _add_submit(sub)
+    _add_jobs(sub)
+    _add_dlq(sub)

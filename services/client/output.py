@@ -1,0 +1,85 @@
+"""Human-readable renderings of replies, and atomic file writes."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["dead_letters_table", "jobs_table", "percent", "status_text", "write_atomic"]
+
+
+def percent(done: int, total: int) -> str:
+    """``done/total (p%)``."""
+    share = 100.0 * done / total if total else 0.0
+    return f"{done}/{total} ({share:.0f}%)"
+
+
+def status_text(s: dict[str, Any]) -> str:
+    """A status reply as aligned ``name  value`` lines."""
+    rows = [
+        ("job", s["job_id"]),
+        ("state", f"{s['state']} (generation {s['generation']})"),
+        ("project", f"{s['project']}, frame {s['frame']}"),
+        ("image", f"{s['width']}x{s['height']}, {s['spp']} spp, tiles of {s['tile_size']}"),
+        ("tiles", percent(s["tiles_done"], s["tiles_total"])),
+        ("samples", percent(s["samples_done"], s["samples_total"])),
+    ]
+    if s.get("cancel_requested"):
+        rows.append(("cancel", "requested"))
+    if s.get("result_location"):
+        rows.append(("result", f"{s['result_location']} (sha256 {s['result_sha256']})"))
+    if s.get("float_location"):
+        rows.append(("float", s["float_location"]))
+    if s.get("last_error_code"):
+        rows.append(("error", f"{s['last_error_code']}: {s['last_error']}"))
+    rows += [("created", s["created_at"]), ("updated", s["updated_at"])]
+    if s.get("finished_at"):
+        rows.append(("finished", s["finished_at"]))
+    return "\n".join(f"{name:<9}{value}" for name, value in rows)
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str:
+    cells = [header, *(tuple(str(c) for c in row) for row in rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = ("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells)
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def jobs_table(jobs: list[dict[str, Any]]) -> str:
+    """``list`` jobs as a table."""
+    rows = [
+        (
+            j["job_id"],
+            j["state"],
+            j["frame"],
+            f"{j['width']}x{j['height']}",
+            j["spp"],
+            j["created_at"],
+        )
+        for j in jobs
+    ]
+    return _table(("JOB", "STATE", "FRAME", "SIZE", "SPP", "CREATED"), rows)
+
+
+def dead_letters_table(letters: list[dict[str, Any]]) -> str:
+    """``dlq list`` entries as a table."""
+    rows = [
+        (d["seq"], d.get("job_id", "?"), d.get("unit", "?"), d.get("reason", "malformed"),
+         d.get("deliveries", ""), (d.get("error") or d.get("malformed") or "")[:60])
+        for d in letters
+    ]  # fmt: skip
+    return _table(("SEQ", "JOB", "UNIT", "REASON", "DELIVERIES", "ERROR"), rows)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` whole or not at all (temporary file, then rename)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent or Path("."), prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
