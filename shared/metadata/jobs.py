@@ -158,8 +158,7 @@ async def cas_job(
     """Move the job from ``current`` by ``trigger``; :class:`CasMiss` if it is not there."""
     target = next_state(job_id, current, trigger)
     if target == current:
-        if who.error_code is not None or who.error is not None:
-            await _note_error(conn, job_id, current, who)
+        await _confirm_self_loop(conn, job_id, current, who)
         return target
     moved = await conn.fetchval(
         """
@@ -200,18 +199,26 @@ async def try_move_job(conn: Conn, job_id: str, trigger: JobTrigger, who: Who) -
     return True
 
 
-async def _note_error(conn: Conn, job_id: str, current: JobState, who: Who) -> None:
-    await conn.execute(
-        """
-        UPDATE jobs SET last_error_code = COALESCE($3, last_error_code),
-            last_error = COALESCE($4, last_error), updated_at = now()
-        WHERE job_id = $1 AND state = $2
-        """,
-        job_id,
-        current.value,
-        who.error_code,
-        who.error,
-    )
+async def _confirm_self_loop(conn: Conn, job_id: str, current: JobState, who: Who) -> None:
+    """A self-loop writes no state, but is still a compare-and-set on ``current``."""
+    if who.error_code is None and who.error is None:
+        query = "SELECT true FROM jobs WHERE job_id = $1 AND state = $2"
+        still = await conn.fetchval(query, job_id, current.value)
+    else:
+        still = await conn.fetchval(
+            """
+            UPDATE jobs SET last_error_code = COALESCE($3, last_error_code),
+                last_error = COALESCE($4, last_error), updated_at = now()
+            WHERE job_id = $1 AND state = $2
+            RETURNING true
+            """,
+            job_id,
+            current.value,
+            who.error_code,
+            who.error,
+        )
+    if still is None:
+        raise CasMiss
 
 
 async def request_cancel(conn: Conn, job_id: str, who: Who) -> None:
