@@ -18,7 +18,7 @@ from nats.js.errors import NotFoundError as JsNotFound
 
 from proto.api import DlqListRequest, DlqPurgeRequest, DlqShowRequest, decode_request
 from proto.messages import DeadLetter
-from proto.names import STREAM_DLQ, Names
+from proto.names import DLQ_UNIT_JOB, STREAM_DLQ, Names
 from shared.errors import DecodeError, NotFoundError, ValidationError
 from shared.jetstream import retry_transient
 from shared.logs import Log
@@ -62,7 +62,8 @@ class DlqHandlers:
     def _filter(self, job_id: str | None) -> str:
         if job_id is None:
             return self.names.dlq_subjects
-        return self.names.dlq_subject(job_id, "*")
+        # every unit of a job shares the subject up to its last token: tessera.dlq.<job>.*
+        return self.names.dlq_subject(job_id, DLQ_UNIT_JOB).rsplit(".", 1)[0] + ".*"
 
     async def _next(self, seq: int, subject: str) -> api.RawStreamMsg | None:
         """The first dead letter at or after ``seq`` on ``subject``, or None."""
