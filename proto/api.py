@@ -10,7 +10,7 @@ outside a limit is ``invalid`` (:class:`ValidationError`).
 subject                   schema              fields (defaults)
 ========================  ==================  ==============================================
 ``tessera.api.submit``    SubmitRequest       project, scene, width, height, spp, frame (0),
-                                              tile_size (64), max_depth (8), seed (0),
+                                              tile_size (64), max_depth (64), seed (0),
                                               idempotency_key (derived)
 ``.status/.cancel/.retry``  JobRequest        job_id
 ``tessera.api.list``      ListRequest         state, limit (100), cursor

@@ -11,7 +11,8 @@ Limits (``bad_request`` for a wrong shape or type, ``invalid`` for a value outsi
   frame, at most 1,000 frames (:func:`frame_range`)
 - ``width``, ``height``: 1..8192 pixels; ``spp`` (samples per pixel): 1..65536
 - ``tile_size``: 8..1024 (default 64), and at most 16,384 tiles per job
-- ``max_depth`` (bounces): 1..64 (default 8); ``seed``: 0..2^32-1 (default 0)
+- ``max_depth`` (bounces): 1..64 (default 64, as the kernel: Russian roulette ends most paths
+  far sooner); ``seed``: 0..2^32-1 (default 0)
 - ``idempotency_key``: 1..128 characters ``[A-Za-z0-9._:-]``
 - ``job_id``: 1..64 characters ``[A-Za-z0-9_-]`` (Tessera issues UUIDv7 strings)
 - list/DLQ ``limit``: 1..1000 (default 100); ``cursor``: 1..256 printable ASCII characters
@@ -38,7 +39,7 @@ MIN_TILE_SIZE, MAX_TILE_SIZE, DEFAULT_TILE_SIZE = 8, 1024, 64
 MAX_TILES = 16384
 MAX_FRAME = 1_000_000
 MAX_FRAME_RANGE = 1000
-MAX_BOUNCES, DEFAULT_BOUNCES = 64, 8
+MAX_BOUNCES, DEFAULT_BOUNCES = 64, 64
 MAX_SEED = 2**32 - 1
 MAX_LIST_LIMIT, DEFAULT_LIST_LIMIT = 1000, 100
 MAX_REQUEUE_LIMIT, MAX_REQUEUE_RATE, DEFAULT_REQUEUE_RATE = 10_000, 1000, 10

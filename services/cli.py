@@ -1,18 +1,23 @@
 """The ``tessera`` command.
 
-``tessera up`` runs the embedded stack, ``tessera demo`` the main job end to end, ``tessera
-version`` prints versions. Every command documents itself under ``tessera COMMAND --help``.
+Subcommands are registered by the modules that implement them (``register(subparsers)``):
+:mod:`services.local` (``up``, ``demo``), :mod:`services.client.commands` (``submit``,
+``status``, ``watch``, ``get``, ``list``, ``cancel``, ``retry``, ...) and this module (``version``
+and the four services). ``tessera COMMAND --help`` documents each.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
+
+SERVICES = ("gateway", "scheduler", "worker", "finalizer")
+_COMMAND_MODULES = ("services.local", "services.client.commands")
 
 
 def _version() -> str:
@@ -22,43 +27,44 @@ def _version() -> str:
         return "0+unknown"
 
 
+def _cmd_version(args: argparse.Namespace) -> int:
+    from kernel import KERNEL_VERSION
+
+    print(f"tessera {_version()} (kernel {KERNEL_VERSION})")
+    return 0
+
+
+def _cmd_service(args: argparse.Namespace) -> int:
+    module = importlib.import_module(f"services.{args.command}.__main__")
+    status: int = module.main()
+    return status
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(
         prog="tessera", description="Tessera: a retry-safe render queue over NATS JetStream."
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    up = sub.add_parser("up", help="run the embedded stack in the foreground")
-    up.add_argument(
-        "--data-dir",
-        type=Path,
-        default=Path(".tessera"),
-        help="where servers keep their data (default: ./.tessera)",
+    for name in _COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    for service in SERVICES:
+        p = sub.add_parser(
+            service,
+            help=f"run the {service} service (configured by TESSERA_* environment variables)",
+        )
+        p.set_defaults(func=_cmd_service)
+    sub.add_parser("version", help="print the versions of Tessera and its kernel").set_defaults(
+        func=_cmd_version
     )
-    up.add_argument("--s3", action="store_true", help="use SeaweedFS S3 instead of a directory")
-
-    demo = sub.add_parser("demo", help="render the sample scene end to end on the embedded stack")
-    demo.add_argument("--data-dir", type=Path, default=None, help="keep data here (default: temp)")
-    demo.add_argument("--s3", action="store_true", help="use SeaweedFS S3 instead of a directory")
-
-    sub.add_parser("version", help="print the versions of Tessera and its kernel")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit code."""
     args = build_parser().parse_args(argv)
-    if args.command == "version":
-        print(f"tessera {_version()}")
-        return 0
-    from services import local
-
-    if args.command == "up":
-        return local.run_up(args.data_dir, s3=args.s3)
-    if args.command == "demo":
-        return local.run_demo(args.data_dir, s3=args.s3)
-    raise AssertionError(f"unhandled command {args.command}")
+    status: int = args.func(args)
+    return status
 
 
 if __name__ == "__main__":

@@ -2,19 +2,91 @@
 
 from __future__ import annotations
 
+import argparse
+import os
 import shlex
 import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
+import uvloop
+
+from services.client.output import write_atomic
+from shared.procs import ManagedProcess
 from shared.stack import Stack, StackError
 
-__all__ = ["run_demo", "run_up"]
+__all__ = ["ServiceProcesses", "register", "run_demo", "run_up"]
+
+SERVICES = ("gateway", "scheduler", "worker", "finalizer")
+_REPO = Path(__file__).resolve().parent.parent
+
+
+class ServiceProcesses:
+    """A set of service processes sharing one environment (one test's namespace)."""
+
+    def __init__(self, env: Mapping[str, str], log_dir: Path) -> None:
+        self.env = dict(env)
+        self.log_dir = log_dir
+        self.procs: dict[str, ManagedProcess] = {}
+
+    def start(
+        self, service: str, *, name: str | None = None, env: Mapping[str, str] | None = None
+    ) -> ManagedProcess:
+        """Start one service process; ``name`` distinguishes replicas (``worker-2``)."""
+        name = name or service
+        full_env = os.environ | self.env | {"TESSERA_NODE": name} | dict(env or {})
+        proc = ManagedProcess(
+            name,
+            [sys.executable, "-m", f"services.{service}"],
+            self.log_dir / f"{name}.log",
+            env=full_env,
+            cwd=_REPO,
+        )
+        proc.start()
+        self.procs[name] = proc
+        return proc
+
+    def start_all(self, workers: int = 1) -> None:
+        """Gateway, scheduler, finalizer and ``workers`` workers."""
+        for service in ("gateway", "scheduler", "finalizer"):
+            self.start(service)
+        for i in range(workers):
+            self.start("worker", name=f"worker-{i + 1}")
+
+    def restart(self, name: str, *, env: Mapping[str, str] | None = None) -> ManagedProcess:
+        """Start ``name`` again after it died, like a supervisor would."""
+        old = self.procs[name]
+        service = old.argv[-1].removeprefix("services.")
+        return self.start(service, name=name, env=env)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one service process."""
+        self.procs[name].kill()
+
+    def pause(self, name: str) -> None:
+        """SIGSTOP one service process."""
+        self.procs[name].signal(signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        """SIGCONT one service process."""
+        self.procs[name].signal(signal.SIGCONT)
+
+    def stop_all(self) -> None:
+        """SIGTERM every process (SIGKILL after a bound)."""
+        for proc in self.procs.values():
+            proc.signal(signal.SIGCONT)
+            proc.stop(timeout=10)
+
+    def logs(self) -> str:
+        """The tail of every service log, for assertion messages."""
+        return "\n".join(
+            f"--- {name} ---\n{proc.log_tail(40)}" for name, proc in self.procs.items()
+        )
 
 
 @contextmanager
@@ -33,44 +105,129 @@ def _stop_on_signals() -> Iterator[threading.Event]:
             signal.signal(sig, old)
 
 
-def export_lines(env: dict[str, str]) -> str:
+def export_lines(env: Mapping[str, str]) -> str:
     """``export NAME=value`` lines a shell can evaluate."""
     return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
 
 
-def run_up(data_dir: Path, *, s3: bool) -> int:
-    """Run the stack until SIGINT/SIGTERM; print its endpoints as export lines."""
+def _watch_children(stop: threading.Event, stack: Stack, procs: ServiceProcesses) -> int:
+    """Block until ``stop``; 1 if a server or service died meanwhile (0 otherwise)."""
+    while not stop.wait(0.5):
+        dead = [s.proc.name for s in stack.servers() if not s.proc.alive()]
+        dead += [p.name for p in procs.procs.values() if not p.alive()]
+        if dead:
+            print(f"tessera up: {', '.join(dead)} exited; stopping", file=sys.stderr)
+            return 1
+    return 0
+
+
+def run_up(data_dir: Path, *, s3: bool, workers: int, services: bool) -> int:
+    """Run the stack (and the four services) until SIGINT/SIGTERM."""
     stack = Stack(data_dir, s3=s3)
+    procs = ServiceProcesses(stack.env(), stack.data_dir / "logs")
     with _stop_on_signals() as stop:
         try:
             stack.start()
+            if services:
+                procs.start_all(workers=workers)
         except StackError as exc:
             print(f"tessera up: {exc}", file=sys.stderr)
+            procs.stop_all()
+            stack.stop()
             return 1
         try:
             print(export_lines(stack.env()), flush=True)
-            print(f"# data in {stack.data_dir}; Ctrl-C stops everything", file=sys.stderr)
-            while not stop.wait(0.5):
-                dead = [s.proc.name for s in stack._started if not s.proc.alive()]
-                if dead:
-                    print(f"tessera up: {', '.join(dead)} exited; stopping", file=sys.stderr)
-                    return 1
+            what = "stack and services" if services else "stack"
+            print(f"# {what} running; data and logs in {stack.data_dir}; Ctrl-C stops everything",
+                  file=sys.stderr)  # fmt: skip
+            return _watch_children(stop, stack, procs)
         finally:
+            procs.stop_all()
             stack.stop()
-    return 0
 
 
-def run_demo(data_dir: Path | None, *, s3: bool) -> int:
-    """Start the stack, check it is healthy, stop it."""
-    with _stop_on_signals() as stop, tempfile.TemporaryDirectory(prefix="tessera-demo-") as tmp:
+def run_demo(data_dir: Path | None, *, s3: bool, out: Path, spp: int) -> int:
+    """Render the cornell scene end to end through all four services; write the PNG."""
+    with _stop_on_signals(), tempfile.TemporaryDirectory(prefix="tessera-demo-") as tmp:
         root = data_dir or Path(tmp)
         try:
             with Stack(root, s3=s3) as stack:
-                if stop.is_set():
-                    return 130
-                print(export_lines(stack.env()))
-                print("tessera demo: stack healthy (NATS, PostgreSQL, object store).")
-        except StackError as exc:
-            print(f"tessera demo: {exc}", file=sys.stderr)
+                print(f"tessera demo: stack up (NATS {stack.nats.url}, PostgreSQL, "
+                      f"object store {stack.env()['TESSERA_OBJECT_STORE']})")  # fmt: skip
+                procs = ServiceProcesses(stack.env(), stack.data_dir / "logs")
+                try:
+                    procs.start_all(workers=1)
+                    result = uvloop.run(_demo_job(stack.env(), spp))
+                finally:
+                    procs.stop_all()
+                if result is None:
+                    print(f"tessera demo: failed; service logs:\n{procs.logs()}", file=sys.stderr)
+                    return 1
+        except (StackError, KeyboardInterrupt) as exc:
+            print(f"tessera demo: {exc or 'interrupted'}", file=sys.stderr)
             return 1
+    png, sha = result
+    write_atomic(out, png)
+    print(f"tessera demo: wrote {out.resolve()} ({len(png)} bytes, sha256 {sha[:16]}...)")
+    print("tessera demo: every server and service it started has been stopped.")
     return 0
+
+
+async def _demo_job(env: Mapping[str, str], spp: int) -> tuple[bytes, str] | None:
+    from proto.api import SubmitRequest
+    from proto.names import Names
+    from services.client.api import TesseraClient
+    from services.client.watch import watch_jobs
+    from shared.config import Settings
+    from shared.jetstream import connect_nats
+    from shared.objectstore import open_object_store
+
+    settings = Settings.from_env(env)
+    nc = await connect_nats(settings, name="tessera-demo")
+    try:
+        client = TesseraClient(nc, Names(settings.tuning.namespace), timeout=60)
+        request = SubmitRequest(
+            project="demo", scene="cornell", width=320, height=240, spp=spp, tile_size=64
+        )
+        reply = await client.submit(request)
+        job_id = reply["job_id"]
+        print(f"tessera demo: submitted job {job_id} (cornell 320x240, {spp} spp, 20 tiles)")
+        if await watch_jobs(client, [job_id], interval=0.5) != 0:
+            return None
+        status = await client.status(job_id)
+        store = await open_object_store(settings.object_store)
+        try:
+            png = await store.get(status["result_location"], sha256=status["result_sha256"])
+        finally:
+            await store.close()
+    finally:
+        await nc.close()
+    return png, str(status["result_sha256"])
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``up`` and ``demo`` to the ``tessera`` command."""
+    up = sub.add_parser("up", help="run the embedded stack and the four services in the foreground")
+    up.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(".tessera"),
+        help="where servers keep their data and services their logs (default: ./.tessera)",
+    )
+    up.add_argument("--s3", action="store_true", help="use SeaweedFS S3 instead of a directory")
+    up.add_argument("--workers", type=int, default=1, help="worker processes (default: 1)")
+    up.add_argument(
+        "--stack-only", action="store_true", help="run the servers only, not the services"
+    )
+    up.set_defaults(
+        func=lambda a: run_up(a.data_dir, s3=a.s3, workers=a.workers, services=not a.stack_only)
+    )
+
+    demo = sub.add_parser("demo", help="render the sample scene end to end on the embedded stack")
+    demo.add_argument("--data-dir", type=Path, default=None, help="keep data here (default: temp)")
+    demo.add_argument("--s3", action="store_true", help="use SeaweedFS S3 instead of a directory")
+    demo.add_argument(
+        "-o", "--out", type=Path, default=Path("tessera-demo.png"), help="PNG to write"
+    )
+    demo.add_argument("--spp", type=int, default=64, help="samples per pixel (default: 64)")
+    demo.set_defaults(func=lambda a: run_demo(a.data_dir, s3=a.s3, out=a.out, spp=a.spp))

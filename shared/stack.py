@@ -335,9 +335,13 @@ class Stack:
         while self._started:
             self._started.pop().stop()
 
+    def servers(self) -> list[NatsServer | PostgresServer | SeaweedS3]:
+        """The servers of this stack (S3 only when enabled)."""
+        return [s for s in (self.nats, self.postgres, self.s3) if s is not None]
+
     def pids(self) -> list[int]:
         """PIDs of the running servers."""
-        procs = [s.proc for s in (self.nats, self.postgres, self.s3) if s is not None]
+        procs = [s.proc for s in self.servers()]
         return [p.pid for p in procs if p.pid is not None and p.alive()]
 
     def env(self) -> dict[str, str]:

@@ -5,19 +5,19 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 
 async def eventually(
-    predicate: Callable[[], T | Awaitable[T]],
+    predicate: Callable[[], Any],
     *,
     timeout: float = 10.0,
     interval: float = 0.05,
     what: str = "condition",
-) -> T:
+) -> Any:
     """Poll ``predicate`` (sync or async) until it returns a truthy value; return that value.
 
     Fails the test with ``what`` if it is still falsy after ``timeout`` seconds. Exceptions
@@ -29,7 +29,7 @@ async def eventually(
         if inspect.isawaitable(value):
             value = await value
         if value:
-            return value  # type: ignore[return-value]
+            return value
         if time.monotonic() >= deadline:
             raise AssertionError(f"{what} did not hold within {timeout:g} s (last: {value!r})")
         await asyncio.sleep(interval)

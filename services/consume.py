@@ -1,0 +1,87 @@
+"""The consume loop every service shares: pull, dispatch to bounded concurrent handlers, drain.
+
+Outcome → JetStream action lives in the handlers (success → ack, retryable → nak(delay),
+terminal → dead-letter + term, alive → in_progress); this loop only decides *how many* messages
+are in flight and stops fetching when the service is asked to stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+import nats.errors
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from shared.logs import Log
+
+__all__ = ["consume"]
+
+Handler = Callable[[Msg], Awaitable[None]]
+
+
+async def consume(
+    js: JetStreamContext,
+    *,
+    stream: str,
+    durable: str,
+    handler: Handler,
+    slots: int,
+    stop: asyncio.Event,
+    log: Log,
+    fetch_wait: float = 1.0,
+    grace: float = 20.0,
+    on_stop: Callable[[], None] | None = None,
+) -> None:
+    """Fetch one message per free slot from the durable pull consumer until ``stop`` is set.
+
+    In-flight handlers then get ``grace`` seconds to finish (``on_stop`` is called first so they
+    can hand their work back); whatever is still running after that is cancelled.
+    """
+    sub = await js.pull_subscribe_bind(durable=durable, stream=stream)
+    inflight: set[asyncio.Task[None]] = set()
+    try:
+        while not stop.is_set():
+            free = slots - len(inflight)
+            if free <= 0:
+                await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+                continue
+            try:
+                msgs = await sub.fetch(batch=free, timeout=fetch_wait)
+            except (TimeoutError, nats.errors.TimeoutError):
+                continue
+            except (nats.errors.ConnectionReconnectingError, nats.errors.ConnectionClosedError):
+                await _pause(stop, fetch_wait)
+                continue
+            for msg in msgs:
+                task = asyncio.create_task(_guarded(handler, msg, log))
+                inflight.add(task)
+                task.add_done_callback(inflight.discard)
+    finally:
+        if on_stop is not None:
+            on_stop()
+        if inflight:
+            log.info("draining", inflight=len(inflight), grace=grace)
+            _done, pending = await asyncio.wait(inflight, timeout=grace)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+
+
+async def _guarded(handler: Handler, msg: Msg, log: Log) -> None:
+    try:
+        await handler(msg)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        # A bug in a handler must not kill the loop; the message is redelivered after ack_wait.
+        log.error("handler crashed", subject=msg.subject, exc=True)
+
+
+async def _pause(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)

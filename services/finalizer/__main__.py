@@ -1,0 +1,35 @@
+"""``tessera finalizer`` / ``python -m services.finalizer``: wiring only."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from proto import names as n
+from services.consume import consume
+from services.finalizer.assemble import Finalizer
+from shared.runtime import Runtime, service_main
+
+
+async def run(rt: Runtime, stop: asyncio.Event) -> None:
+    """Finalize jobs until ``stop``."""
+    finalizer = Finalizer(rt)
+    await consume(
+        rt.js,
+        stream=rt.names.stream(n.STREAM_EVENTS),
+        durable=n.CONSUMER_FINALIZER,
+        handler=finalizer.handle,
+        slots=4,
+        stop=stop,
+        log=rt.log,
+        grace=rt.settings.tuning.grace_period,
+    )
+
+
+def main() -> int:
+    """Run the finalizer until SIGTERM."""
+    return service_main("finalizer", run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The scheduler: plans jobs into tiles, dead-letters exhausted messages, sweeps lost tiles."""

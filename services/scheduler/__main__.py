@@ -1,0 +1,51 @@
+"""``tessera scheduler`` / ``python -m services.scheduler``: wiring only."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from proto import names as n
+from services.consume import consume
+from services.scheduler.exhausted import Exhausted
+from services.scheduler.planner import Planner
+from services.scheduler.sweeper import Sweeper
+from shared.runtime import Runtime, service_main
+
+
+async def run(rt: Runtime, stop: asyncio.Event) -> None:
+    """Plan jobs, dead-letter exhausted messages and sweep, until ``stop``."""
+    names, grace = rt.names, rt.settings.tuning.grace_period
+    planner, exhausted, sweeper = Planner(rt), Exhausted(rt), Sweeper(rt)
+    await asyncio.gather(
+        consume(
+            rt.js,
+            stream=names.stream(n.STREAM_JOBS),
+            durable=n.CONSUMER_SCHEDULER_JOBS,
+            handler=planner.handle,
+            slots=8,
+            stop=stop,
+            log=rt.log,
+            grace=grace,
+        ),
+        consume(
+            rt.js,
+            stream=names.stream(n.STREAM_ADVISORIES),
+            durable=n.CONSUMER_SCHEDULER_ADVISORIES,
+            handler=exhausted.handle,
+            slots=4,
+            stop=stop,
+            log=rt.log,
+            grace=grace,
+        ),
+        sweeper.run(stop),
+    )
+
+
+def main() -> int:
+    """Run the scheduler until SIGTERM."""
+    return service_main("scheduler", run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

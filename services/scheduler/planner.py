@@ -1,0 +1,101 @@
+"""JOBS → tile plan → TILES: idempotent under redelivery.
+
+A redelivered ``JobMessage`` plans the same tiles again (rows are inserted ``ON CONFLICT DO
+NOTHING``) and re-publishes the tiles that are not done under the same ``Nats-Msg-Id``s, so the
+server absorbs the copies inside its duplicate window; after the window, workers find the tile
+done or leased and drop the copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from nats.aio.msg import Msg
+
+from proto import names as n
+from proto.messages import JobMessage, TileMessage
+from services.deadletter import dead_letter
+from shared import crash
+from shared.errors import RetryableError, TerminalError
+from shared.jetstream import ack_sync_retry, publish
+from shared.lifecycle import IllegalTransition, TileState, is_terminal
+from shared.metadata import Tile
+from shared.retry import backoff
+from shared.runtime import Runtime
+from shared.tiles import plan_rects
+
+__all__ = ["Planner"]
+
+_PUBLISH_CONCURRENCY = 256
+_DONE_OR_TERMINAL = frozenset({TileState.DONE, TileState.FAILED_TERMINAL, TileState.DEAD_LETTERED})
+
+
+class Planner:
+    """Handles ``JOBS`` messages."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.log = rt.log.bind(component="planner")
+
+    async def handle(self, msg: Msg) -> None:
+        """Plan one job, publish its tiles, ack last."""
+        try:
+            job_msg = JobMessage.decode(msg.data)
+            await self.plan(job_msg)
+        except IllegalTransition as exc:  # the job moved on (cancelled, failed) meanwhile
+            self.log.info("job no longer plannable", error=str(exc))
+        except TerminalError as exc:
+            await dead_letter(self.rt, msg, job_id=None, unit=n.DLQ_UNIT_JOB, error=exc)
+            await msg.term()
+            return
+        except RetryableError as exc:
+            delay = backoff(self.rt.retry, msg.metadata.num_delivered)
+            self.log.warning("planning failed; will retry", error=str(exc), delay=delay)
+            await msg.nak(delay=delay)
+            return
+        await ack_sync_retry(msg)
+
+    async def plan(self, job_msg: JobMessage) -> None:
+        """Write the tile rows of a job and publish one TILES message per unfinished tile."""
+        db = self.rt.db
+        job = await db.get_job(job_msg.job_id)
+        if job is None or is_terminal(job.state) or job.cancel_requested:
+            self.log.info("nothing to plan", job_id=job_msg.job_id)
+            return
+        if job_msg.generation < job.generation:
+            self.log.info("stale job generation", job_id=job.job_id, got=job_msg.generation)
+            return
+        rects = plan_rects(job.width, job.height, job.tile_size)
+        tiles = await db.plan_tiles(job.job_id, rects, node=self.rt.node)
+        crash.crash_point("scheduler.after_plan")
+        todo = [t for t in tiles if t.state not in _DONE_OR_TERMINAL]
+        await publish_tiles(self.rt, todo)
+        self.log.info("planned", job_id=job.job_id, tiles=len(tiles), published=len(todo))
+
+
+async def publish_tiles(rt: Runtime, tiles: list[Tile], *, bump: bool = False) -> None:
+    """Publish the TILES messages of ``tiles`` (``bump``: under a new generation), concurrently.
+
+    The tile rows record the generation and publish time afterwards (the sweeper's clock).
+    """
+    gate = asyncio.Semaphore(_PUBLISH_CONCURRENCY)
+    names = rt.names
+
+    async def one(tile: Tile) -> None:
+        gen = tile.generation + 1 if bump else tile.generation
+        body = TileMessage(tile.job_id, tile.tile_index, gen).encode()
+        async with gate:
+            await publish(
+                rt.js,
+                names.tile_subject(tile.job_id, tile.tile_index),
+                body,
+                msg_id=n.tile_msg_id(tile.job_id, tile.tile_index, gen),
+            )
+
+    await asyncio.gather(*(one(t) for t in tiles))
+    by_generation: dict[tuple[str, int], list[int]] = {}
+    for t in tiles:
+        gen = t.generation + 1 if bump else t.generation
+        by_generation.setdefault((t.job_id, gen), []).append(t.tile_index)
+    for (job_id, gen), indexes in by_generation.items():
+        await rt.db.mark_published(job_id, indexes, gen)

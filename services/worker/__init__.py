@@ -1,0 +1,1 @@
+"""The worker: leases tiles, renders them in sample passes, checkpoints, commits fenced."""

@@ -1,0 +1,23 @@
+"""``tessera worker`` / ``python -m services.worker``: wiring only."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from services.worker.loop import Worker
+from shared.runtime import Runtime, service_main
+
+
+async def run(rt: Runtime, stop: asyncio.Event) -> None:
+    """Render tiles until ``stop``."""
+    await Worker(rt).run(stop)
+
+
+def main() -> int:
+    """Run a worker until SIGTERM (in-flight tiles are handed back within the grace period)."""
+    return service_main("worker", run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

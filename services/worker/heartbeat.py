@@ -1,0 +1,74 @@
+"""The heartbeat: renews the lease and extends the ack deadline on a timer, off the kernel.
+
+It runs as its own asyncio task while the kernel renders in a thread (numba releases the GIL), so
+a long pass never delays it. It never raises into the tile: a lost lease sets :attr:`lost`, which
+the render loop checks between passes, and the tile then stops and commits nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from nats.aio.msg import Msg
+
+from shared import crash
+from shared.errors import LeaseLost, RetryableError
+from shared.leases import Lease, Leases
+from shared.logs import Log
+
+__all__ = ["Heartbeat"]
+
+
+class Heartbeat:
+    """Keeps one lease (and its message) alive until stopped or lost."""
+
+    def __init__(
+        self, leases: Leases, lease: Lease, msg: Msg | None, interval: float, log: Log
+    ) -> None:
+        self.leases = leases
+        self.lease = lease
+        self.msg = msg
+        self.interval = interval
+        self.log = log
+        self.lost = asyncio.Event()
+        self.renewals = 0
+        self.last_renewed = time.monotonic()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> Heartbeat:
+        """Begin beating."""
+        self._task = asyncio.create_task(self._beat())
+        return self
+
+    async def stop(self) -> Lease:
+        """Stop beating; returns the latest lease (its revision is the release's CAS base)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        return self.lease
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                renewed = await self.leases.renew(self.lease)
+                crash.crash_point("worker.during_renew")
+                self.lease = renewed
+                self.renewals += 1
+                self.last_renewed = time.monotonic()
+                if self.msg is not None:
+                    await self.msg.in_progress()
+            except LeaseLost as exc:
+                self.log.warning("lease lost", key=self.lease.key, error=str(exc))
+                self.lost.set()
+                return
+            except RetryableError as exc:
+                # in_progress() could not be sent (disconnected): the lease renew decides.
+                self.log.warning("heartbeat hiccup", key=self.lease.key, error=str(exc))
+            except Exception:
+                self.log.error("heartbeat failed; treating the lease as lost", exc=True)
+                self.lost.set()
+                return

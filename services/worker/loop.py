@@ -1,0 +1,83 @@
+"""The worker process: N tile slots over the shared ``workers`` consumer."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+from nats.aio.msg import Msg
+
+from proto import names as n
+from proto.messages import JobEvent
+from services.consume import consume
+from services.worker.scenes import SceneCache
+from services.worker.tile import TileRun
+from shared.errors import TesseraError
+from shared.jetstream import publish
+from shared.lifecycle import IllegalTransition, JobTrigger
+from shared.metadata import Job
+from shared.runtime import Runtime
+
+__all__ = ["Worker"]
+
+_EVENT_FOR = {
+    JobTrigger.TERMINAL_FAILURE: n.EventKind.JOB_FAILED,
+    JobTrigger.DEAD_LETTER: n.EventKind.JOB_DEAD_LETTERED,
+}
+
+
+class Worker:
+    """Fetches one TILES message per free slot and renders it on a thread of its own."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self.log = rt.log.bind(component="worker")
+        self.slots = rt.settings.tuning.worker_slots or os.cpu_count() or 1
+        self.executor = ThreadPoolExecutor(self.slots, thread_name_prefix="kernel")
+        self.scenes = SceneCache()
+        self.handing_back = asyncio.Event()
+        self.tiles_done = self.resumes = self.checkpoints = self.fenced = 0
+        self.samples_rendered = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Work until ``stop``; then hand in-flight tiles back within the grace period."""
+        try:
+            await consume(
+                self.rt.js,
+                stream=self.rt.names.stream(n.STREAM_TILES),
+                durable=n.CONSUMER_WORKERS,
+                handler=self.handle,
+                slots=self.slots,
+                stop=stop,
+                log=self.log,
+                grace=self.rt.settings.tuning.grace_period,
+                on_stop=self.handing_back.set,
+            )
+        finally:
+            self.executor.shutdown(wait=False, cancel_futures=True)
+
+    async def handle(self, msg: Msg) -> None:
+        """One delivery."""
+        await TileRun(self, msg).run()
+
+    async def job(self, job_id: str) -> Job | None:
+        """The job row, read fresh (its state and cancel flag matter)."""
+        return await self.rt.db.get_job(job_id)
+
+    async def fail_job(self, job_id: str, trigger: JobTrigger, exc: TesseraError) -> None:
+        """Move the job to a failed state (if still legal) and tell watchers."""
+        try:
+            job = await self.rt.db.transition_job(
+                job_id, trigger, node=self.rt.node, error_code=exc.code, error=str(exc)
+            )
+        except IllegalTransition:
+            return
+        kind = _EVENT_FOR[trigger]
+        event = JobEvent(job_id, kind, job.generation, str(exc)[:4000])
+        await publish(
+            self.rt.js,
+            self.rt.names.event_subject(job_id, kind),
+            event.encode(),
+            msg_id=n.event_msg_id(job_id, kind, job.generation),
+        )

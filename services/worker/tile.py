@@ -1,0 +1,401 @@
+"""One delivery of one tile, step by step (DESIGN.md "Worker flow").
+
+1. decode; look up job and tile — terminal job or done tile: (re)announce done if needed, ack;
+2. lease (held by a live owner: ``nak`` with a delay, never work in parallel);
+3. fence the tile row with the lease's acquire revision and record the attempt;
+4. resume from the progress pointer only if its ``input_hash`` matches;
+5. render in passes off the loop; checkpoint every ``checkpoint_interval``; check cancel and the
+   lease between passes;
+6. write the result (content-addressed), commit it **fenced**;
+7. publish tile-done, clean up, release the lease, **then ack**.
+
+Outcome → JetStream action happens only in :meth:`TileRun.run`: success → ack, retryable →
+``nak(delay)``, terminal → DLQ copy + ``term()``, lease lost or fenced → nothing (the new owner
+holds the message's fate), hand-back on shutdown → checkpoint + ``nak``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from nats.aio.msg import Msg
+
+import kernel
+from proto import names as n
+from proto.messages import TileDone, TileMessage
+from services.deadletter import dead_letter
+from services.worker.heartbeat import Heartbeat
+from services.worker.scenes import KernelFailure
+from shared import crash
+from shared.errors import DecodeError, LeaseLost, NotFoundError, RetryableError, TerminalError
+from shared.jetstream import ack_sync_retry, publish
+from shared.leases import Lease, LeaseOwner, ProgressPointer
+from shared.lifecycle import IllegalTransition, JobTrigger, TileState, TileTrigger, is_terminal
+from shared.metadata import CommitOutcome, Job, Tile
+from shared.objectstore import checkpoint_key, tile_result_key
+from shared.retry import backoff
+from shared.tiles import Accumulator, Rect, from_npy, to_npy, zeros_for
+
+if TYPE_CHECKING:
+    from services.worker.loop import Worker
+
+__all__ = ["TileRun"]
+
+
+class Stalled(RetryableError):
+    """A sample pass made no progress within ``progress_timeout`` (the watchdog fired)."""
+
+    code = "stalled"
+
+
+class _Stop(Exception):
+    """Internal: leave the render loop without committing (cancel, hand-back, lease loss)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+@dataclass
+class _Progress:
+    samples: int
+    pointer_revision: int | None
+    checkpoint: str | None
+    resumed_from: int
+
+
+class TileRun:
+    """Processes one TILES delivery."""
+
+    def __init__(self, worker: Worker, msg: Msg) -> None:
+        self.w = worker
+        self.rt = worker.rt
+        self.msg = msg
+        self.attempt_id = uuid.uuid4().hex
+        self.log = worker.log.bind(attempt_id=self.attempt_id)
+        self.token: int | None = None  # our fencing token once the tile row is fenced
+        self.released = False
+
+    async def run(self) -> None:
+        """Process the delivery and settle the message exactly once."""
+        try:
+            tm = TileMessage.decode(self.msg.data)
+        except DecodeError as exc:
+            await dead_letter(self.rt, self.msg, job_id=None, unit=n.DLQ_UNIT_JOB, error=exc)
+            await self.msg.term()
+            return
+        self.log = self.log.bind(job_id=tm.job_id, tile=tm.tile_index)
+        try:
+            await self._process(tm)
+        except IllegalTransition as exc:
+            # A race with a state change elsewhere (a cancel, a finished job): nothing to redo.
+            self.log.info("tile no longer applicable", error=str(exc))
+            await ack_sync_retry(self.msg)
+        except TerminalError as exc:
+            await self._terminal(tm, exc)
+        except RetryableError as exc:
+            await self._retryable(tm, exc)
+
+    # ------------------------------------------------------------------ steps 1-3
+
+    async def _process(self, tm: TileMessage) -> None:
+        job, tile = await self._lookup(tm)
+        if job is None or tile is None:
+            return
+        crash.crash_point("worker.before_lease")
+        owner = LeaseOwner(node=self.rt.node, attempt_id=self.attempt_id)
+        lease = await self.rt.leases.acquire(n.lease_key_tile(tm.job_id, tm.tile_index), owner)
+        if lease is None:
+            self.log.info("lease held by another owner; backing off")
+            await self.msg.nak(delay=float(self.rt.settings.tuning.lease_ttl))
+            return
+        beat = Heartbeat(
+            self.rt.leases, lease, self.msg, self.rt.settings.tuning.heartbeat_interval, self.log
+        ).start()
+        try:
+            await self._leased(job, tile, beat)
+        finally:
+            lease = await beat.stop()
+            if not beat.lost.is_set():
+                await self._release(lease)
+
+    async def _lookup(self, tm: TileMessage) -> tuple[Job | None, Tile | None]:
+        """Job and tile, or ``(None, None)`` once the message is settled here."""
+        job = await self.w.job(tm.job_id)
+        tile = await self.rt.db.get_tile(tm.job_id, tm.tile_index) if job else None
+        if job is None or tile is None:
+            self.log.warning("tile message for an unknown job or tile; dropping")
+        elif tile.state is TileState.DONE:
+            await self._announce(job, tile.tile_index, tile.result_key or "")
+            self.log.info("tile already done")
+        elif is_terminal(job.state) or job.cancel_requested or is_terminal(tile.state):
+            self.log.info("job or tile is final; dropping", state=job.state.value)
+        else:
+            return job, tile
+        await ack_sync_retry(self.msg)
+        return None, None
+
+    async def _leased(self, job: Job, tile: Tile, beat: Heartbeat) -> None:
+        token = beat.lease.token
+        progress = await self._resume_point(job, tile)
+        fenced = await self.rt.db.fence_tile(
+            job.job_id,
+            tile.tile_index,
+            token=token,
+            attempt_id=self.attempt_id,
+            node=self.rt.node,
+            resumed_from=progress.resumed_from,
+        )
+        if not fenced:
+            self.log.info("fence refused: tile done or taken by a newer owner")
+            await self._release(await beat.stop())
+            await ack_sync_retry(self.msg)
+            return
+        self.token = token
+        crash.crash_point("worker.after_lease")
+        acc = await self._load(job, tile, progress)
+        try:
+            await self._render(job, tile, acc, progress, beat)
+        except _Stop as stop:
+            await self._stopped(job, tile, acc, progress, beat, stop.why)
+            return
+        await self._commit(job, tile, acc, progress, beat)
+
+    # ------------------------------------------------------------------ steps 4-5
+
+    async def _resume_point(self, job: Job, tile: Tile) -> _Progress:
+        key = n.progress_key(job.job_id, tile.tile_index)
+        found = await self.rt.progress.get(key)
+        if found is None:
+            return _Progress(0, None, None, 0)
+        pointer, rev = found
+        if pointer.input_hash != job.input_hash or not 0 < pointer.samples_done <= job.spp:
+            self.log.info("discarding a checkpoint of other inputs", samples=pointer.samples_done)
+            return _Progress(0, rev, None, 0)
+        return _Progress(pointer.samples_done, rev, pointer.checkpoint_key, pointer.samples_done)
+
+    async def _load(self, job: Job, tile: Tile, progress: _Progress) -> Accumulator:
+        rect = _rect(tile)
+        if progress.checkpoint is None:
+            return zeros_for(rect)
+        try:
+            data = await self.rt.store.get(progress.checkpoint)
+            acc = from_npy(data, rect)
+        except (NotFoundError, DecodeError) as exc:
+            self.log.warning("checkpoint unusable; starting over", error=str(exc))
+            progress.samples = progress.resumed_from = 0
+            progress.checkpoint = None
+            return zeros_for(rect)
+        self.w.resumes += 1
+        self.log.info("resumed from checkpoint", samples=progress.samples)
+        return acc
+
+    async def _render(
+        self, job: Job, tile: Tile, acc: Accumulator, progress: _Progress, beat: Heartbeat
+    ) -> None:
+        tuning = self.rt.settings.tuning
+        prepared = self.w.scenes.get(job)
+        rect = _rect(tile)
+        last_checkpoint = time.monotonic()
+        while progress.samples < job.spp:
+            await self._between_passes(job, beat)
+            end = min(job.spp, progress.samples + tuning.samples_per_pass)
+            await self._pass(prepared, rect, progress.samples, end, acc)
+            progress.samples = end
+            due = time.monotonic() - last_checkpoint >= tuning.checkpoint_interval
+            if due and progress.samples < job.spp:
+                await self._between_passes(job, beat)
+                await self._checkpoint(job, tile, acc, progress, beat.lease.token)
+                last_checkpoint = time.monotonic()
+
+    async def _between_passes(self, job: Job, beat: Heartbeat) -> None:
+        if beat.lost.is_set():
+            raise _Stop("lease_lost")
+        if self.w.handing_back.is_set():
+            raise _Stop("handed_back")
+        if await self.rt.db.is_cancel_requested(job.job_id):
+            raise _Stop("cancelled")
+
+    async def _pass(
+        self, prepared: kernel.Prepared, rect: Rect, start: int, end: int, acc: Accumulator
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        work = loop.run_in_executor(
+            self.w.executor, kernel.render_tile, prepared, rect, start, end, acc
+        )
+        try:
+            await asyncio.wait_for(work, self.rt.settings.tuning.progress_timeout)
+        except TimeoutError:
+            raise Stalled(f"samples {start}..{end} made no progress") from None
+        except (ValueError, ArithmeticError, kernel.SceneError) as exc:
+            raise KernelFailure(f"kernel failed on samples {start}..{end}: {exc}") from exc
+        self.w.samples_rendered += (end - start) * (rect[2] - rect[0]) * (rect[3] - rect[1])
+
+    async def _checkpoint(
+        self, job: Job, tile: Tile, acc: Accumulator, progress: _Progress, token: int
+    ) -> None:
+        """Accumulator to the object store, then the pointer, then the row (fenced)."""
+        key = checkpoint_key(job.job_id, tile.tile_index, self.attempt_id)
+        await self.rt.store.put(key, to_npy(acc))
+        pointer = ProgressPointer(job.input_hash, progress.samples, key, self.attempt_id)
+        pkey = n.progress_key(job.job_id, tile.tile_index)
+        try:
+            progress.pointer_revision = await self.rt.progress.put(
+                pkey, pointer, last=progress.pointer_revision
+            )
+        except TerminalError:
+            # Someone else wrote the pointer (a stale owner's last checkpoint): it is a valid
+            # checkpoint of the same inputs, so overwrite it on top of what is there now.
+            current = await self.rt.progress.get(pkey)
+            last = None if current is None else current[1]
+            progress.pointer_revision = await self.rt.progress.put(pkey, pointer, last=last)
+        previous, progress.checkpoint = progress.checkpoint, key
+        if previous is not None and previous != key:
+            await self.rt.store.delete(previous)
+        if not await self.rt.db.record_progress(
+            job.job_id, tile.tile_index, token=token, samples_done=progress.samples
+        ):
+            raise _Stop("fenced")
+        self.w.checkpoints += 1
+        crash.crash_point("worker.after_checkpoint")
+
+    # ------------------------------------------------------------------ steps 6-7
+
+    async def _commit(
+        self, job: Job, tile: Tile, acc: Accumulator, progress: _Progress, beat: Heartbeat
+    ) -> None:
+        data = to_npy(acc)
+        sha = _sha256(data)
+        key = tile_result_key(job.job_id, tile.tile_index, sha)
+        await self.rt.store.put(key, data)
+        crash.crash_point("worker.after_result_write")
+        if beat.lost.is_set():
+            raise LeaseLost("lease lost before the commit")
+        outcome = await self.rt.db.commit_tile(
+            job.job_id,
+            tile.tile_index,
+            token=beat.lease.token,
+            attempt_id=self.attempt_id,
+            result_key=key,
+            result_sha256=sha,
+            samples_done=job.spp,
+            node=self.rt.node,
+        )
+        if outcome is CommitOutcome.FENCED:
+            self.log.warning("commit refused by the fence: a newer owner has the tile")
+            self.w.fenced += 1
+            return
+        crash.crash_point("worker.after_commit")
+        if outcome is CommitOutcome.ALREADY_DONE:
+            current = await self.rt.db.get_tile(job.job_id, tile.tile_index)
+            key = current.result_key if current and current.result_key else key
+        await self._announce(job, tile.tile_index, key)
+        await self._cleanup(job, tile, progress)
+        await self.rt.db.end_attempt(self.attempt_id, outcome="done")
+        await self._release(await beat.stop())
+        await ack_sync_retry(self.msg)
+        self.w.tiles_done += 1
+        self.log.info("tile done", samples=job.spp, resumed_from=progress.resumed_from)
+
+    async def _announce(self, job: Job, tile_index: int, result_key: str) -> None:
+        done = TileDone(job.job_id, tile_index, self.attempt_id, result_key, job.input_hash)
+        await publish(
+            self.rt.js,
+            self.rt.names.event_subject(job.job_id, n.EventKind.TILE_DONE),
+            done.encode(),
+            msg_id=n.done_msg_id(job.job_id, tile_index),
+        )
+
+    async def _cleanup(self, job: Job, tile: Tile, progress: _Progress) -> None:
+        """Checkpoints of a committed tile are garbage; failing to delete them is harmless."""
+        try:
+            if progress.pointer_revision is not None or progress.checkpoint is not None:
+                await self.rt.progress.delete(n.progress_key(job.job_id, tile.tile_index))
+            if progress.checkpoint is not None:
+                await self.rt.store.delete(progress.checkpoint)
+        except RetryableError as exc:
+            self.log.warning("checkpoint clean-up failed (tessera gc removes it)", error=str(exc))
+
+    async def _release(self, lease: Lease) -> None:
+        if self.released:
+            return
+        self.released = True
+        try:
+            await self.rt.leases.release(lease)
+        except RetryableError as exc:
+            self.log.warning("lease release failed; it expires on its own", error=str(exc))
+
+    # ------------------------------------------------------------------ outcomes
+
+    async def _stopped(
+        self,
+        job: Job,
+        tile: Tile,
+        acc: Accumulator,
+        progress: _Progress,
+        beat: Heartbeat,
+        why: str,
+    ) -> None:
+        db, token = self.rt.db, beat.lease.token
+        if why == "cancelled":
+            await db.fail_tile(
+                job.job_id, tile.tile_index, token=token, attempt_id=self.attempt_id,
+                trigger=TileTrigger.CANCEL, error_code="cancelled", error="job cancelled",
+                node=self.rt.node, outcome="cancelled",
+            )  # fmt: skip
+            await self._cleanup(job, tile, progress)
+            await self._release(await beat.stop())
+            await ack_sync_retry(self.msg)
+        elif why == "handed_back":
+            if progress.samples > progress.resumed_from:
+                await self._checkpoint(job, tile, acc, progress, token)
+            await db.end_attempt(self.attempt_id, outcome="handed_back")
+            await self._release(await beat.stop())
+            await self.msg.nak()
+        else:  # lease lost or fenced: the tile is someone else's now; settle nothing
+            await db.end_attempt(self.attempt_id, outcome=why, error_code=why)
+            self.w.fenced += why == "fenced"
+        self.log.info("tile stopped", why=why, samples=progress.samples)
+
+    async def _retryable(self, tm: TileMessage, exc: RetryableError) -> None:
+        if isinstance(exc, LeaseLost):
+            self.log.warning("lease lost; leaving the tile to its new owner", error=str(exc))
+            return
+        delay = backoff(self.rt.retry, self.msg.metadata.num_delivered)
+        self.log.warning("retryable failure", error=str(exc), code=exc.code, delay=delay)
+        if self.token is not None:  # only the fenced owner may record the failure
+            # If the store is what failed, the nak below still schedules the retry.
+            with contextlib.suppress(RetryableError):
+                await self.rt.db.fail_tile(
+                    tm.job_id, tm.tile_index, token=self.token, attempt_id=self.attempt_id,
+                    trigger=TileTrigger.RETRYABLE_FAILURE, error_code=exc.code, error=str(exc),
+                    node=self.rt.node, outcome="retryable",
+                )  # fmt: skip
+        await self.msg.nak(delay=delay)
+
+    async def _terminal(self, tm: TileMessage, exc: TerminalError) -> None:
+        self.log.error("terminal failure", error=str(exc), code=exc.code)
+        unit = n.dlq_unit_tile(tm.tile_index)
+        await dead_letter(self.rt, self.msg, job_id=tm.job_id, unit=unit, error=exc)
+        db = self.rt.db
+        await db.fail_tile(
+            tm.job_id, tm.tile_index, token=self.token, attempt_id=self.attempt_id,
+            trigger=TileTrigger.TERMINAL_FAILURE, error_code=exc.code, error=str(exc),
+            node=self.rt.node, outcome="terminal",
+        )  # fmt: skip
+        await self.w.fail_job(tm.job_id, JobTrigger.TERMINAL_FAILURE, exc)
+        await self.msg.term()
+
+
+def _rect(tile: Tile) -> Rect:
+    return (tile.x0, tile.y0, tile.x1, tile.y1)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

@@ -1,0 +1,174 @@
+"""The main job end to end: four separate service processes, real servers, exact pixels."""
+
+from __future__ import annotations
+
+import asyncio
+
+from nats.aio.client import Client as NATS
+
+from proto import names as n
+from proto.messages import TileMessage
+from services.client.api import TesseraClient
+from shared.config import Settings
+from shared.metadata import MetadataStore
+from shared.objectstore import ObjectStore
+from tests.e2e.conftest import reference_png
+from tests.e2e.flows import request, result_bytes, settle, submit
+from tests.harness import ServiceProcesses
+from tests.helpers import eventually
+
+
+async def test_one_job_gives_the_reference_png(
+    services: ServiceProcesses, client: TesseraClient, objects: ObjectStore, db: MetadataStore
+) -> None:
+    services.start_all(workers=1)
+    body = request()
+    reply = await submit(client, body)
+    assert reply["created"] is True
+    status = await settle(client, reply["job_id"], services)
+    png = await result_bytes(objects, status)
+    assert png == reference_png(body)
+    assert status["tiles_done"] == status["tiles_total"] == 12
+    assert status["result_location"].startswith(f"renders/{reply['job_id']}/")
+    events = await db.job_events(reply["job_id"])
+    assert [e.to_state for e in events if e.entity == "job"][-1] == "completed"
+
+
+async def test_concurrent_identical_submits_make_one_job_and_one_png(
+    services: ServiceProcesses, client: TesseraClient, objects: ObjectStore, db: MetadataStore
+) -> None:
+    services.start_all(workers=1)
+    body = request(spp=4)
+    first = await submit(client, body)  # the gateway is up once this answers
+    replies = [first, *await asyncio.gather(*(submit(client, body) for _ in range(19)))]
+    assert {r["job_id"] for r in replies} == {first["job_id"]}
+    assert sum(r["created"] for r in replies) == 1
+    assert sum(r["duplicate"] for r in replies) == 19
+    status = await settle(client, first["job_id"], services)
+    assert await result_bytes(objects, status) == reference_png(body)
+    assert len(await db.list_jobs(limit=100)) == 1
+    renders = await objects.list(f"renders/{first['job_id']}/")
+    assert len([o for o in renders if o.key.endswith(".png")]) == 1
+
+
+async def test_a_five_frame_range(
+    services: ServiceProcesses, client: TesseraClient, objects: ObjectStore
+) -> None:
+    services.start_all(workers=1)
+    bodies = [request(frame=f, width=32, height=24, spp=4) for f in range(5)]
+    replies = [await submit(client, b) for b in bodies]
+    assert len({r["job_id"] for r in replies}) == 5
+    pngs = []
+    for reply in replies:
+        status = await settle(client, reply["job_id"], services)
+        pngs.append(await result_bytes(objects, status))
+    assert len(set(pngs)) == 5, "every frame is a different image"
+    assert pngs[3] == reference_png(bodies[3])
+
+
+async def test_two_workers_one_finalizer_on_sixteen_tiles(
+    services: ServiceProcesses, client: TesseraClient, objects: ObjectStore, db: MetadataStore
+) -> None:
+    services.start_all(workers=2)
+    body = request(width=64, height=64, spp=16)
+    reply = await submit(client, body)
+    status = await settle(client, reply["job_id"], services)
+    assert status["tiles_total"] == 16
+    assert await result_bytes(objects, status) == reference_png(body)
+    nodes = {a.node for a in await db.attempts(reply["job_id"]) if a.tile_index is not None}
+    assert nodes == {"worker-1", "worker-2"}, "both workers rendered tiles"
+
+
+async def test_cancel_mid_render_stops_within_a_pass(
+    services: ServiceProcesses, client: TesseraClient, db: MetadataStore
+) -> None:
+    services.start_all(workers=1)
+    body = request(width=32, height=32, spp=20000, tile_size=16)
+    reply = await submit(client, body)
+    job_id = reply["job_id"]
+
+    async def rendering() -> bool:
+        tiles = await db.list_tiles(job_id)
+        return any(t.samples_done > 0 for t in tiles)
+
+    await eventually(rendering, timeout=60, what="a tile has checkpointed progress")
+    cancelled = await client.cancel(job_id)
+    assert cancelled["state"] == "cancelled"
+
+    async def attempts_ended() -> bool:
+        attempts = await db.attempts(job_id)
+        return bool(attempts) and all(a.ended_at is not None for a in attempts)
+
+    await eventually(attempts_ended, timeout=30, what="every attempt has ended")
+    status = await client.status(job_id)
+    assert status["state"] == "cancelled"
+    assert status["result_location"] is None
+    attempts = await db.attempts(job_id)
+    assert "cancelled" in {a.outcome for a in attempts}
+    assert all(t.state.value != "done" for t in await db.list_tiles(job_id))
+
+
+async def test_a_redelivered_tile_is_not_rendered_twice_in_parallel(
+    services: ServiceProcesses,
+    client: TesseraClient,
+    objects: ObjectStore,
+    db: MetadataStore,
+    nc: NATS,
+    e2e_settings: Settings,
+) -> None:
+    services.start_all(workers=2)
+    body = request(width=16, height=16, spp=3000, tile_size=16)  # one long tile
+    reply = await submit(client, body)
+    job_id = reply["job_id"]
+
+    async def leased() -> bool:
+        tile = await db.get_tile(job_id, 0)
+        return tile is not None and tile.state.value in ("leased", "progressing")
+
+    await eventually(leased, timeout=60, what="the tile is being rendered")
+    names = n.Names(e2e_settings.tuning.namespace)
+    copy = TileMessage(job_id, 0, generation=7).encode()
+    await nc.jetstream().publish(
+        names.tile_subject(job_id, 0), copy, headers={"Nats-Msg-Id": n.tile_msg_id(job_id, 0, 7)}
+    )
+    status = await settle(client, job_id, services)
+    assert await result_bytes(objects, status) == reference_png(body)
+    attempts = [a for a in await db.attempts(job_id) if a.tile_index == 0]
+    assert len(attempts) == 1, f"the copy never started a second render: {attempts}"
+
+
+async def test_sweeper_republishes_a_deleted_tile_message(
+    services: ServiceProcesses,
+    client: TesseraClient,
+    objects: ObjectStore,
+    db: MetadataStore,
+    nc: NATS,
+    e2e_settings: Settings,
+) -> None:
+    for service in ("gateway", "scheduler", "finalizer"):  # no worker yet
+        services.start(service)
+    body = request()
+    reply = await submit(client, body)
+    job_id = reply["job_id"]
+    names = n.Names(e2e_settings.tuning.namespace)
+    js = nc.jetstream()
+    stream = names.stream(n.STREAM_TILES)
+
+    async def published() -> bool:
+        info = await js.stream_info(stream)
+        return info.state.messages == 12
+
+    await eventually(published, timeout=30, what="all 12 tiles published")
+    lost = await js.get_last_msg(stream, names.tile_subject(job_id, 5))
+    assert lost.seq is not None
+    await js.delete_msg(stream, lost.seq)
+
+    async def republished() -> bool:
+        tile = await db.get_tile(job_id, 5)
+        return tile is not None and tile.generation == 1
+
+    await eventually(republished, timeout=30, what="the sweeper re-publishes tile 5")
+    assert (await js.stream_info(stream)).state.messages == 12
+    services.start("worker", name="worker-1")
+    status = await settle(client, job_id, services)
+    assert await result_bytes(objects, status) == reference_png(body)
