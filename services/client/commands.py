@@ -23,7 +23,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Awaitable, Callable
 from functools import partial
+from typing import TypeAlias
 
+from proto.limits import DEFAULT_BOUNCES
 from services.client import actions
 from services.client.api import DEFAULT_TIMEOUT
 from services.client.session import Session, run_command
@@ -38,7 +40,7 @@ EPILOG = (
 )
 
 Action = Callable[[Session, argparse.Namespace], Awaitable[int]]
-Sub = argparse._SubParsersAction[argparse.ArgumentParser]
+Sub: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def _run(action: Action, args: argparse.Namespace) -> int:
@@ -76,7 +78,12 @@ def _add_submit(sub: Sub) -> None:
     p.add_argument(
         "--tile", type=int, default=None, help="tile edge (default TESSERA_DEFAULT_TILE)"
     )
-    p.add_argument("--max-depth", type=int, default=None, help="bounces (gateway default 8)")
+    p.add_argument(
+        "--max-depth",
+        type=int,
+        default=DEFAULT_BOUNCES,
+        help=f"bounces (default {DEFAULT_BOUNCES})",
+    )
     p.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
     p.add_argument("--project", default="default", help="project name (default 'default')")
     p.add_argument("--key", default=None, help="idempotency key (KEY:FRAME for a range)")
