@@ -1,0 +1,56 @@
+"""Object stores: one interface, a directory and an S3 implementation, and the key builders.
+
+Other modules use only what this package exports::
+
+    store = await open_object_store(settings.object_store)
+    digest = await store.put(tile_result_key(job, i, sha), data)
+    data = await store.get(key, sha256=digest)   # CorruptObject if the bytes differ
+
+See :mod:`shared.objectstore.base` for the error types.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from shared.config import ObjectStoreSettings
+from shared.errors import ConfigError
+from shared.objectstore.base import (
+    CorruptObject,
+    ObjectInfo,
+    ObjectStore,
+    StoreAccessDenied,
+    StoreRejected,
+    check_key,
+    sha256_hex,
+)
+from shared.objectstore.directory import DirectoryStore
+from shared.objectstore.keys import checkpoint_key, render_key, tile_result_key
+from shared.objectstore.s3 import S3Store
+
+__all__ = [
+    "CorruptObject",
+    "DirectoryStore",
+    "ObjectInfo",
+    "ObjectStore",
+    "S3Store",
+    "StoreAccessDenied",
+    "StoreRejected",
+    "check_key",
+    "checkpoint_key",
+    "open_object_store",
+    "render_key",
+    "sha256_hex",
+    "tile_result_key",
+]
+
+
+async def open_object_store(settings: ObjectStoreSettings) -> ObjectStore:
+    """The store ``settings`` names (``file``: a directory; ``s3``: a bucket)."""
+    if settings.kind == "file":
+        if not settings.path:
+            raise ConfigError("TESSERA_OBJECT_STORE: file:// needs an absolute directory")
+        return await DirectoryStore.open(Path(settings.path))
+    if settings.kind == "s3":
+        return await S3Store.open(settings)
+    raise ConfigError(f"TESSERA_OBJECT_STORE: unknown store kind {settings.kind!r}")

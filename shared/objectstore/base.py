@@ -1,0 +1,152 @@
+"""The object store interface, its errors, and key/checksum validation shared by the adapters.
+
+Errors (beyond :mod:`shared.errors`)::
+
+    RetryableError
+    ├── StoreUnavailable      the store did not answer (connection, timeout, 5xx, SlowDown, EIO)
+    └── CorruptObject         the bytes read back do not match their sha256
+    TerminalError
+    ├── NotFoundError         no object under that key
+    ├── StoreAccessDenied     bad credentials or no permission: fix the configuration
+    └── StoreRejected         the store refused the request for another reason
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from types import TracebackType
+
+from shared.errors import RetryableError, TerminalError, ValidationError
+
+MAX_KEY = 512
+_PART = r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}"
+KEY_RE = re.compile(rf"{_PART}(/{_PART})*")
+"""A store key: ``/``-separated parts that never start with a dot (no ``..``, no hidden files)."""
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
+
+
+class CorruptObject(RetryableError):
+    """The object's bytes do not match the expected sha256 (torn, truncated or overwritten).
+
+    Retrying the *read* will not help; redoing the work that wrote it will: discard the
+    checkpoint or re-render the tile. The object is left in place for inspection.
+    """
+
+    code = "corrupt_object"
+
+
+class StoreAccessDenied(TerminalError):
+    """The object store refused our credentials or permissions; fix the configuration."""
+
+    code = "store_access_denied"
+
+
+class StoreRejected(TerminalError):
+    """The object store refused a request for a reason retrying cannot fix."""
+
+    code = "store_rejected"
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One listed object: its key, size in bytes and last modification (unix time)."""
+
+    key: str
+    size: int
+    modified: float
+
+
+def sha256_hex(data: bytes) -> str:
+    """Lowercase hex sha256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def check_key(key: str) -> str:
+    """Return ``key`` if it is a valid store key, else raise :class:`ValidationError`."""
+    if not isinstance(key, str) or len(key) > MAX_KEY or KEY_RE.fullmatch(key) is None:
+        raise ValidationError(f"object key {key!r} is not /-separated parts of [A-Za-z0-9_.-]")
+    return key
+
+
+def check_prefix(prefix: str) -> str:
+    """Return ``prefix`` if it is empty or the beginning of a valid key (``a/b/``, ``a/b``)."""
+    if prefix == "":
+        return prefix
+    head, _, last = prefix.rpartition("/")
+    if (head and KEY_RE.fullmatch(head) is None) or (last and KEY_RE.fullmatch(last) is None):
+        raise ValidationError(f"object key prefix {prefix!r} is not the start of a valid key")
+    if prefix.startswith("/"):
+        raise ValidationError(f"object key prefix {prefix!r} must be relative")
+    return prefix
+
+
+def check_sha256(value: str, what: str = "sha256") -> str:
+    """Return ``value`` if it is a lowercase hex sha256 digest, else raise."""
+    if not isinstance(value, str) or SHA256_RE.fullmatch(value) is None:
+        raise ValidationError(f"{what}: {value!r} is not a lowercase hex sha256 digest")
+    return value
+
+
+def verify(key: str, data: bytes, expected: str | None) -> bytes:
+    """Return ``data`` if its sha256 is ``expected`` (or nothing is expected)."""
+    if expected is not None:
+        actual = sha256_hex(data)
+        if actual != check_sha256(expected):
+            raise CorruptObject(
+                f"object {key}: sha256 {actual} ({len(data)} bytes) != expected {expected}"
+            )
+    return data
+
+
+class ObjectStore(ABC):
+    """Whole-object storage: every ``put`` is atomic, every key is built by :mod:`.keys`.
+
+    Use as ``async with await open_object_store(settings) as store:`` or call :meth:`close`.
+    """
+
+    @abstractmethod
+    async def put(self, key: str, data: bytes) -> str:
+        """Store ``data`` under ``key`` atomically (replacing any object); return its sha256.
+
+        A reader sees the old object or the new one, never a part of either.
+        """
+
+    @abstractmethod
+    async def get(self, key: str, *, sha256: str | None = None) -> bytes:
+        """The whole object. :class:`NotFoundError` if absent; :class:`CorruptObject` if
+        ``sha256`` is given (or was recorded at ``put``) and the bytes do not match."""
+
+    @abstractmethod
+    async def exists(self, key: str) -> bool:
+        """Whether an object is stored under ``key``."""
+
+    @abstractmethod
+    async def delete(self, key: str) -> None:
+        """Remove the object; a missing object is not an error."""
+
+    @abstractmethod
+    async def list(self, prefix: str, *, limit: int | None = None) -> builtins.list[ObjectInfo]:
+        """Objects whose key starts with ``prefix``, sorted by key, at most ``limit`` of them."""
+
+    @abstractmethod
+    async def ping(self) -> None:
+        """Readiness: return if the store answers, raise :class:`StoreUnavailable` if not."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Release connections (idempotent)."""
+
+    async def __aenter__(self) -> ObjectStore:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

@@ -1,0 +1,186 @@
+"""The directory object store: one file per object under a root directory.
+
+``put`` writes a hidden temporary file in the object's own directory, fsyncs it, renames it over
+the final name (``os.replace`` is atomic on POSIX) and fsyncs the directory, so a crash at any
+point leaves the old object or the new one, never a partial final file. A crash can leave a
+hidden ``.<name>.<random>.tmp`` behind; reads and listings ignore those (keys never start with
+a dot). Blocking file I/O runs in a thread, off the event loop.
+
+``OSError`` (ENOSPC, EIO, EROFS, ...) becomes :class:`StoreUnavailable`; a missing file
+:class:`NotFoundError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import errno
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from shared.errors import NotFoundError, StoreUnavailable, ValidationError
+from shared.objectstore.base import (
+    ObjectInfo,
+    ObjectStore,
+    check_key,
+    check_prefix,
+    sha256_hex,
+    verify,
+)
+
+TEMP_SUFFIX = ".tmp"
+
+
+class DirectoryStore(ObjectStore):
+    """Objects as files under ``root`` (created if missing)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+
+    @classmethod
+    async def open(cls, root: Path) -> DirectoryStore:
+        """Create ``root`` if needed and return a store on it."""
+        store = cls(root)
+        with _os_errors(f"directory store {root}"):
+            await asyncio.to_thread(store.root.mkdir, parents=True, exist_ok=True)
+        return store
+
+    def path_of(self, key: str) -> Path:
+        """The final file of ``key``; refuses anything that would leave the root."""
+        path = self.root / check_key(key)
+        if not path.resolve().is_relative_to(self.root):
+            raise ValidationError(f"object key {key!r} escapes the store root")
+        return path
+
+    async def put(self, key: str, data: bytes) -> str:
+        path = self.path_of(key)
+        digest = sha256_hex(data)
+        with _os_errors(f"put {key}"):
+            await asyncio.to_thread(_put_file, path, bytes(data))
+        return digest
+
+    async def get(self, key: str, *, sha256: str | None = None) -> bytes:
+        path = self.path_of(key)
+        with _os_errors(f"get {key}"):
+            data = await asyncio.to_thread(_read_file, path)
+        if data is None:
+            raise NotFoundError(f"object {key} does not exist")
+        return verify(key, data, sha256)
+
+    async def exists(self, key: str) -> bool:
+        path = self.path_of(key)
+        with _os_errors(f"exists {key}"):
+            return await asyncio.to_thread(path.is_file)
+
+    async def delete(self, key: str) -> None:
+        path = self.path_of(key)
+        with _os_errors(f"delete {key}"):
+            await asyncio.to_thread(_delete_file, path)
+
+    async def list(self, prefix: str, *, limit: int | None = None) -> builtins.list[ObjectInfo]:
+        check_prefix(prefix)
+        with _os_errors(f"list {prefix!r}"):
+            found = await asyncio.to_thread(_list_files, self.root, prefix)
+        found.sort(key=lambda info: info.key)
+        return found if limit is None else found[:limit]
+
+    async def ping(self) -> None:
+        probe = self.root / f".ping.{uuid.uuid4().hex}{TEMP_SUFFIX}"
+        with _os_errors(f"ping {self.root}"):
+            await asyncio.to_thread(_put_file, probe, b"ping")
+            await asyncio.to_thread(probe.unlink)
+
+    async def close(self) -> None:
+        return None
+
+
+@contextlib.contextmanager
+def _os_errors(what: str) -> Iterator[None]:
+    """Translate ``OSError`` to :class:`StoreUnavailable` (each operation maps a missing object).
+
+    Keys from the builders never collide with directories (leaves end in ``.npy``/``.png``), so
+    ENOTDIR/EISDIR mean a broken root, like ENOSPC or EIO: an operations problem.
+    """
+    try:
+        yield
+    except OSError as exc:
+        name = errno.errorcode.get(exc.errno or 0, "?")
+        raise StoreUnavailable(f"{what}: {name}: {exc.strerror or exc}") from exc
+
+
+def write_temp(path: Path, data: bytes) -> Path:
+    """Write ``data`` to a fresh hidden file next to ``path`` and fsync it; return its path."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.{uuid.uuid4().hex}{TEMP_SUFFIX}")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            temp.unlink()
+        raise
+    os.close(fd)
+    return temp
+
+
+def commit_temp(temp: Path, path: Path) -> None:
+    """Atomically rename ``temp`` over ``path`` and make the rename durable."""
+    try:
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temp.unlink()
+        raise
+    _fsync_dir(path.parent)
+
+
+def _put_file(path: Path, data: bytes) -> None:
+    commit_temp(write_temp(path, data), path)
+
+
+def _read_file(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None  # a directory or a path through a file is not an object either
+
+
+def _delete_file(path: Path) -> None:
+    try:
+        path.unlink()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _list_files(root: Path, prefix: str) -> builtins.list[ObjectInfo]:
+    start = root / prefix.rpartition("/")[0]
+    found: builtins.list[ObjectInfo] = []
+    for directory, dirs, files in os.walk(start):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        rel = Path(directory).relative_to(root)
+        for name in files:
+            key = name if rel == Path(".") else f"{rel.as_posix()}/{name}"
+            if name.startswith(".") or not key.startswith(prefix):
+                continue
+            try:
+                st = os.stat(Path(directory) / name)
+            except FileNotFoundError:
+                continue  # deleted while we looked
+            found.append(ObjectInfo(key=key, size=st.st_size, modified=st.st_mtime))
+    return found

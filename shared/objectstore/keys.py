@@ -1,0 +1,42 @@
+"""Object keys, built only from ids and digests (never from user text).
+
+======================  ===========================================  ======================
+builder                 key                                          written by
+======================  ===========================================  ======================
+:func:`checkpoint_key`  ``checkpoints/<job>/<tile>/<attempt>.npy``   one attempt (scoped)
+:func:`tile_result_key` ``tiles/<job>/<tile>/<sha256>.npy``          content-addressed
+:func:`render_key`      ``renders/<job>/<sha256>.<png|npy>``         content-addressed
+======================  ===========================================  ======================
+
+Content-addressed keys make racing writers harmless: they write the same bytes.
+"""
+
+from __future__ import annotations
+
+from proto.names import check_index, check_token
+from shared.errors import ValidationError
+from shared.objectstore.base import check_sha256
+
+RENDER_EXTENSIONS = frozenset({"png", "npy"})
+
+
+def checkpoint_key(job_id: str, tile_index: int, attempt_id: str) -> str:
+    """Key of one attempt's checkpoint of one tile."""
+    job = check_token(job_id, "job_id")
+    tile = check_index(tile_index, "tile_index")
+    return f"checkpoints/{job}/{tile}/{check_token(attempt_id, 'attempt_id')}.npy"
+
+
+def tile_result_key(job_id: str, tile_index: int, sha256: str) -> str:
+    """Key of a finished tile's float accumulator, addressed by its content hash."""
+    job = check_token(job_id, "job_id")
+    tile = check_index(tile_index, "tile_index")
+    return f"tiles/{job}/{tile}/{check_sha256(sha256)}.npy"
+
+
+def render_key(job_id: str, sha256: str, ext: str) -> str:
+    """Key of a final image (``png``) or float image (``npy``), addressed by content hash."""
+    kind = ext.removeprefix(".") if isinstance(ext, str) else ext
+    if kind not in RENDER_EXTENSIONS:
+        raise ValidationError(f"render extension {ext!r} is not one of {sorted(RENDER_EXTENSIONS)}")
+    return f"renders/{check_token(job_id, 'job_id')}/{check_sha256(sha256)}.{kind}"

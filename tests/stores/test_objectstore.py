@@ -1,0 +1,318 @@
+"""One contract suite for every object store, plus what only one implementation can show.
+
+The directory store runs in ``tmp_path``; the S3 store against the session's real SeaweedFS,
+each test under its own key prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from shared.config import ObjectStoreSettings
+from shared.errors import NotFoundError, StoreUnavailable, ValidationError
+from shared.objectstore import (
+    CorruptObject,
+    DirectoryStore,
+    ObjectStore,
+    S3Store,
+    StoreAccessDenied,
+    checkpoint_key,
+    open_object_store,
+    render_key,
+    sha256_hex,
+    tile_result_key,
+)
+from shared.objectstore.directory import TEMP_SUFFIX, write_temp
+from shared.procs import free_port
+from shared.stack import S3_ACCESS_KEY, S3_BUCKET, S3_SECRET_KEY, SeaweedS3
+from tests.stores.support import wait_for_async
+
+MiB = 1024 * 1024
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def s3_settings(endpoint: str, *, secret: str = S3_SECRET_KEY) -> ObjectStoreSettings:
+    return ObjectStoreSettings(
+        kind="s3",
+        bucket=S3_BUCKET,
+        endpoint=endpoint,
+        access_key=S3_ACCESS_KEY,
+        secret_key=secret,
+    )
+
+
+@pytest.fixture(params=["directory", "s3"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ObjectStore]:
+    if request.param == "directory":
+        opened = await open_object_store(ObjectStoreSettings(kind="file", path=str(tmp_path)))
+    else:
+        seaweed: SeaweedS3 = request.getfixturevalue("seaweed")
+        opened = await open_object_store(s3_settings(seaweed.endpoint))
+    async with opened:
+        yield opened
+
+
+@pytest.fixture
+def prefix(namespace: str) -> str:
+    return f"test/{namespace}/"
+
+
+# ------------------------------------------------------------------------------ contract
+
+
+async def test_round_trip(store: ObjectStore, prefix: str) -> None:
+    data = b"tile bytes \x00\xff" * 100
+    key = prefix + "a/one.npy"
+    digest = await store.put(key, data)
+    assert digest == hashlib.sha256(data).hexdigest()
+    assert await store.get(key) == data
+    assert await store.get(key, sha256=digest) == data
+    assert await store.exists(key)
+
+
+async def test_overwrite_replaces_the_whole_object(store: ObjectStore, prefix: str) -> None:
+    key = prefix + "over.npy"
+    await store.put(key, b"first version, longer than the second")
+    await store.put(key, b"second")
+    assert await store.get(key) == b"second"
+    [info] = await store.list(prefix)
+    assert (info.key, info.size) == (key, 6)
+    assert abs(info.modified - time.time()) < 60
+
+
+async def test_missing_object(store: ObjectStore, prefix: str) -> None:
+    with pytest.raises(NotFoundError):
+        await store.get(prefix + "nothing.npy")
+    assert not await store.exists(prefix + "nothing.npy")
+
+
+async def test_checksum_mismatch_is_a_corrupt_object(store: ObjectStore, prefix: str) -> None:
+    key = prefix + "sha.npy"
+    await store.put(key, b"actual")
+    with pytest.raises(CorruptObject):
+        await store.get(key, sha256=sha256_hex(b"expected"))
+    with pytest.raises(ValidationError):
+        await store.get(key, sha256="not-a-digest")
+
+
+async def test_delete_is_idempotent(store: ObjectStore, prefix: str) -> None:
+    key = prefix + "gone.npy"
+    await store.put(key, b"x")
+    await store.delete(key)
+    await store.delete(key)
+    await store.delete(prefix + "never-existed.npy")
+    assert not await store.exists(key)
+    assert await store.list(prefix) == []
+
+
+async def test_list_by_prefix(store: ObjectStore, prefix: str) -> None:
+    keys = ["a/1.npy", "a/2.npy", "ab/3.npy", "b/4.npy", "a/deeper/5.npy"]
+    await asyncio.gather(*(store.put(prefix + k, k.encode()) for k in keys))
+    listed = [i.key for i in await store.list(prefix + "a/")]
+    assert listed == [prefix + k for k in ("a/1.npy", "a/2.npy", "a/deeper/5.npy")]
+    assert [i.key for i in await store.list(prefix + "a")] == [
+        prefix + k for k in ("a/1.npy", "a/2.npy", "a/deeper/5.npy", "ab/3.npy")
+    ]
+    assert len(await store.list(prefix)) == 5
+    assert len(await store.list(prefix, limit=2)) == 2
+    assert await store.list(prefix + "zzz/") == []
+
+
+async def test_large_object(store: ObjectStore, prefix: str) -> None:
+    data = os.urandom(8 * MiB)
+    key = prefix + "big.npy"
+    digest = await store.put(key, data)
+    assert await store.get(key, sha256=digest) == data
+
+
+async def test_concurrent_puts_leave_one_whole_object(store: ObjectStore, prefix: str) -> None:
+    key = prefix + "race.npy"
+    payloads = [bytes([i]) * (MiB + i) for i in range(16)]
+    digests = await asyncio.gather(*(store.put(key, p) for p in payloads))
+    final = await store.get(key)
+    assert sha256_hex(final) in digests
+    assert final == bytes([final[0]]) * (MiB + final[0])
+    assert [i.key for i in await store.list(prefix)] == [key]
+
+
+async def test_ping(store: ObjectStore) -> None:
+    await store.ping()
+
+
+@pytest.mark.parametrize("bad", ["", "/abs", "../up", "a/../b", "a//b", ".hidden", "a/.tmp", "a b"])
+async def test_bad_keys_are_refused(store: ObjectStore, bad: str) -> None:
+    with pytest.raises(ValidationError):
+        await store.put(bad, b"x")
+    with pytest.raises(ValidationError):
+        await store.get(bad)
+
+
+# ---------------------------------------------------------------------------- key builders
+
+
+def test_key_builders() -> None:
+    sha = "0f" * 32
+    job = "0190d5c4-7d2b-7c39-9c1e-8d7a2f5b1e11"
+    assert checkpoint_key(job, 3, "att-1") == f"checkpoints/{job}/3/att-1.npy"
+    assert tile_result_key(job, 0, sha) == f"tiles/{job}/0/{sha}.npy"
+    assert render_key(job, sha, "png") == f"renders/{job}/{sha}.png"
+    assert render_key(job, sha, ".npy") == f"renders/{job}/{sha}.npy"
+    for call in (
+        lambda: checkpoint_key("../x", 0, "a"),
+        lambda: checkpoint_key(job, -1, "a"),
+        lambda: checkpoint_key(job, 0, "a/b"),
+        lambda: tile_result_key(job, 0, "F" * 64),
+        lambda: tile_result_key(job, True, sha),
+        lambda: render_key(job, sha, "exe"),
+        lambda: render_key("job id", sha, "png"),
+    ):
+        with pytest.raises(ValidationError):
+            call()
+
+
+# ----------------------------------------------------------------------- directory only
+
+
+async def test_directory_unreplaced_temp_is_invisible(tmp_path: Path) -> None:
+    store = await DirectoryStore.open(tmp_path)
+    key = "checkpoints/j/0/a.npy"
+    # A crash after writing the temp file, before the rename:
+    temp = await asyncio.to_thread(write_temp, store.path_of(key), b"half")
+    assert temp.exists() and temp.name.endswith(TEMP_SUFFIX)
+    assert not await store.exists(key)
+    with pytest.raises(NotFoundError):
+        await store.get(key)
+    assert await store.list("") == []
+
+
+async def test_directory_put_leaves_no_temp_files(tmp_path: Path) -> None:
+    store = await DirectoryStore.open(tmp_path)
+    await asyncio.gather(*(store.put(f"t/{i % 3}.npy", os.urandom(1000)) for i in range(30)))
+    await store.ping()
+    names = await asyncio.to_thread(lambda: sorted(p.name for p in tmp_path.rglob("*")))
+    assert names == ["0.npy", "1.npy", "2.npy", "t"]
+
+
+async def test_directory_kill_mid_write_never_leaves_a_partial_file(tmp_path: Path) -> None:
+    size = 4 * MiB
+    script = textwrap.dedent(
+        f"""
+        import asyncio, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from pathlib import Path
+        from shared.objectstore import DirectoryStore
+
+        async def main():
+            store = await DirectoryStore.open(Path({str(tmp_path)!r}))
+            i = 0
+            while True:
+                await store.put("renders/j/x.npy", bytes([i % 251]) * {size})
+                i += 1
+                print(i, flush=True)
+
+        asyncio.run(main())
+        """
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        for _ in range(3):  # a few complete writes, then SIGKILL during one of the next
+            assert await proc.stdout.readline()
+        await asyncio.sleep(0.013)
+    finally:
+        proc.kill()
+        await proc.wait()
+    store = await DirectoryStore.open(tmp_path)
+    data = await store.get("renders/j/x.npy")
+    assert len(data) == size and data == bytes([data[0]]) * size
+    assert [i.key for i in await store.list("")] == ["renders/j/x.npy"]
+
+
+async def test_directory_os_errors_are_unavailable(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    store = await DirectoryStore.open(root)
+    root.rmdir()
+    root.write_bytes(b"the volume went away and a file is here now")
+    with pytest.raises(StoreUnavailable):
+        await store.ping()
+    with pytest.raises(StoreUnavailable):
+        await store.put("a/b.npy", b"x")
+    with pytest.raises(StoreUnavailable):
+        await DirectoryStore.open(root / "below-a-file")
+
+
+# ------------------------------------------------------------------------------ S3 only
+
+
+async def test_s3_recorded_checksum_catches_a_substituted_object(
+    seaweed: SeaweedS3, prefix: str
+) -> None:
+    async with await S3Store.open(s3_settings(seaweed.endpoint)) as store:
+        assert isinstance(store, S3Store)
+        key = prefix + "swapped.npy"
+        await store._client.put_object(  # a writer that bypasses the store
+            Bucket=S3_BUCKET, Key=key, Body=b"other", Metadata={"sha256": sha256_hex(b"mine")}
+        )
+        with pytest.raises(CorruptObject):
+            await store.get(key)
+
+
+async def test_s3_unreachable_endpoint_is_unavailable_quickly() -> None:
+    started = time.monotonic()
+    async with await S3Store.open(s3_settings(f"http://127.0.0.1:{free_port()}")) as store:
+        with pytest.raises(StoreUnavailable):
+            await store.ping()
+        with pytest.raises(StoreUnavailable):
+            await store.put("x/y.npy", b"data")
+    assert time.monotonic() - started < 6
+
+
+async def test_s3_wrong_credentials_are_terminal(seaweed: SeaweedS3, prefix: str) -> None:
+    async with await S3Store.open(s3_settings(seaweed.endpoint, secret="wrong")) as store:
+        with pytest.raises(StoreAccessDenied, match="TESSERA_S3"):
+            await store.ping()
+        with pytest.raises(StoreAccessDenied):
+            await store.put(prefix + "x.npy", b"data")
+        with pytest.raises(StoreAccessDenied):
+            await store.get(prefix + "x.npy")
+
+
+@pytest.mark.chaos
+async def test_s3_outage_then_recovery(tmp_path: Path) -> None:
+    server = SeaweedS3(tmp_path / "seaweed")
+    # weed's default 10 s raft election timeout dominates a restart; one node needs no patience.
+    server.proc.argv.append("-master.electionTimeout=1s")
+    await asyncio.to_thread(server.start)
+    try:
+        async with await S3Store.open(s3_settings(server.endpoint)) as store:
+            before = await store.put("outage/before.npy", b"kept")
+            await asyncio.to_thread(server.stop)
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable):
+                await store.put("outage/during.npy", b"lost")
+            assert time.monotonic() - started < 6
+            await asyncio.to_thread(server.start)  # same ports, same data directory
+
+            async def writable() -> bool:
+                try:
+                    await store.put("outage/after.npy", b"works")
+                except StoreUnavailable:
+                    return False  # volumes may still be registering with the master
+                return True
+
+            await wait_for_async(writable, timeout=15, what="S3 writable after restart")
+            assert await store.get("outage/before.npy", sha256=before) == b"kept"
+            assert await store.get("outage/after.npy") == b"works"
+    finally:
+        await asyncio.to_thread(server.stop)
