@@ -16,6 +16,7 @@ from shared.leases import (
     ProgressPointer,
     ProgressPointers,
     WrongLastSequence,
+    _value_of,
 )
 from tests.stores.support import wait_for_async
 
@@ -175,3 +176,25 @@ async def test_bad_keys_and_ttls_are_refused(js: JetStreamContext, lease_bucket:
     for key in ("", "tile..x", "tile.*", "a b", ".x"):
         with pytest.raises(ValidationError):
             await leases.acquire(key, owner())
+
+
+async def test_renew_whose_answer_was_lost_still_holds(js: JetStreamContext, lease_bucket: str):
+    leases = Leases(js, lease_bucket, ttl=10)
+    lease = await leases.acquire("tile.job7.0", owner())
+    assert lease is not None
+    # A renew that landed but whose PubAck never arrived: the next renew, still based on the
+    # old revision, is refused by the server; re-reading shows the key is still ours.
+    landed = await leases._kv.write(lease.key, _value_of(lease), last=lease.revision, ttl=lease.ttl)
+    renewed = await leases.renew(lease)
+    assert renewed.token == lease.token and renewed.revision == landed
+    assert await leases.release(lease) is True  # stale revision, but the key is ours: freed
+    assert await leases.holder("tile.job7.0") is None
+
+
+async def test_repeated_pointer_write_is_idempotent(js: JetStreamContext, progress_bucket: str):
+    pointers = ProgressPointers(js, progress_bucket)
+    base = await pointers.put("tile.job8.0", pointer("a", 4), last=None)
+    first = await pointers.put("tile.job8.0", pointer("a", 8), last=base)
+    assert await pointers.put("tile.job8.0", pointer("a", 8), last=base) == first
+    with pytest.raises(WrongLastSequence):
+        await pointers.put("tile.job8.0", pointer("a", 12), last=base)
