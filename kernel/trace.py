@@ -296,6 +296,35 @@ def render_pixel(
 
 
 @jit_noalloc
+def render_row(
+    sph: np.ndarray,
+    tri: np.ndarray,
+    tn: np.ndarray,
+    bb: np.ndarray,
+    nodes: np.ndarray,
+    mat: np.ndarray,
+    cam: np.ndarray,
+    params: np.ndarray,
+    rect: np.ndarray,
+    j: int,
+    s0: int,
+    s1: int,
+    acc: np.ndarray,
+    stack: np.ndarray,
+) -> None:
+    """Render row ``j`` of rect = (x0, y0, x1, y1) into ``acc[j]``.
+
+    The one compiled copy of the per-pixel loop: the serial and parallel drivers both call it,
+    so they run the same machine code. ``stack`` is int64 BVH scratch of :data:`STACK_SIZE`.
+    """
+    y = rect[1] + j
+    for i in range(rect[2] - rect[0]):
+        render_pixel(
+            sph, tri, tn, bb, nodes, mat, cam, stack, params, rect[0] + i, y, s0, s1, acc, j, i
+        )
+
+
+@jit_noalloc
 def render_rect(
     sph: np.ndarray,
     tri: np.ndarray,
@@ -311,30 +340,9 @@ def render_rect(
     acc: np.ndarray,
     stack: np.ndarray,
 ) -> None:
-    """Serial render of rect = (x0, y0, x1, y1) into acc[y - y0, x - x0].
-
-    ``stack`` is int64 scratch of length :data:`STACK_SIZE` for BVH traversal.
-    """
+    """Serial render of rect = (x0, y0, x1, y1) into acc[y - y0, x - x0]."""
     for j in range(rect[3] - rect[1]):
-        for i in range(rect[2] - rect[0]):
-            render_pixel(
-                sph,
-                tri,
-                tn,
-                bb,
-                nodes,
-                mat,
-                cam,
-                stack,
-                params,
-                rect[0] + i,
-                rect[1] + j,
-                s0,
-                s1,
-                acc,
-                j,
-                i,
-            )
+        render_row(sph, tri, tn, bb, nodes, mat, cam, params, rect, j, s0, s1, acc, stack)
 
 
 @jit_parallel
@@ -357,22 +365,4 @@ def render_rect_parallel(
     for k in prange(rows):
         j = (k * _ROW_STRIDE) % rows
         stack = np.empty(STACK_SIZE, np.int64)
-        for i in range(rect[2] - rect[0]):
-            render_pixel(
-                sph,
-                tri,
-                tn,
-                bb,
-                nodes,
-                mat,
-                cam,
-                stack,
-                params,
-                rect[0] + i,
-                rect[1] + j,
-                s0,
-                s1,
-                acc,
-                j,
-                i,
-            )
+        render_row(sph, tri, tn, bb, nodes, mat, cam, params, rect, j, s0, s1, acc, stack)
