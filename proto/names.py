@@ -226,6 +226,10 @@ class Names:
         job = check_token(job_id, "job_id")
         return self._subject(f"tessera.events.{job}.{EventKind(kind).value}")
 
+    def event_filter(self, kind: EventKind) -> str:
+        """Wildcard subject of one kind of event of every job (``tessera.events.*.<kind>``)."""
+        return self._subject(f"tessera.events.*.{EventKind(kind).value}")
+
     def dlq_subject(self, job_id: str, unit: str) -> str:
         """Subject of a dead letter; ``unit`` is ``tile-<i>``, ``job`` or ``final``."""
         job = check_token(job_id, "job_id")

@@ -242,6 +242,7 @@ class SeaweedS3:
         argv += [f"-ip.bind={HOST}", "-s3", f"-s3.port={self.s3_port}", f"-s3.config={config}"]
         argv += [f"-{name}={port}" for name, port in ports.items()]
         argv += ["-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false"]
+        argv += ["-master.electionTimeout=1s"]  # one master: no reason to wait 10 s to lead
         argv += ["-master.volumeSizeLimitMB=64", "-volume.max=16", "-volume.preStopSeconds=0"]
         self.config = config
         self.proc = ManagedProcess("seaweedfs", argv, data_dir / "seaweedfs.log")

@@ -8,6 +8,8 @@ directory, so tests never see each other's data.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -21,11 +23,28 @@ from shared.config import Settings
 from shared.stack import SeaweedS3, Stack
 
 
+def _server_dir(prefix: str) -> Iterator[Path]:
+    # Not under pytest's basetemp: every pytest start resets /tmp/pytest-of-<user> to 0700,
+    # which would lock out PostgreSQL running as its own unprivileged user (as root it must).
+    path = Path(tempfile.mkdtemp(prefix=f"tessera-{prefix}-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def stack() -> Iterator[Stack]:
     """NATS with JetStream and PostgreSQL on free loopback ports, for the whole session."""
-    with Stack(tmp_path_factory.mktemp("stack"), durable=False) as running:
-        yield running
+    for root in _server_dir("stack"):
+        with Stack(root, durable=False) as running:
+            yield running
+
+
+@pytest.fixture
+def server_dir() -> Iterator[Path]:
+    """A directory for a test's own servers (PostgreSQL must be able to reach it)."""
+    yield from _server_dir("test")
 
 
 @pytest.fixture(scope="session")

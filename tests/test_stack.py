@@ -56,8 +56,8 @@ def test_s3_put_get(seaweed: SeaweedS3) -> None:
     assert body == b"hello"
 
 
-def test_full_stack_with_s3_starts_and_stops_without_leftovers(tmp_path: Path) -> None:
-    with Stack(tmp_path, s3=True, durable=False) as running:
+def test_full_stack_with_s3_starts_and_stops_without_leftovers(server_dir: Path) -> None:
+    with Stack(server_dir, s3=True, durable=False) as running:
         pids = running.pids()
         assert len(pids) == 3
         assert all(pid_alive(p) for p in pids)
@@ -65,8 +65,8 @@ def test_full_stack_with_s3_starts_and_stops_without_leftovers(tmp_path: Path) -
     assert not any(pid_alive(p) for p in pids)
 
 
-def test_stack_failure_stops_what_started(tmp_path: Path) -> None:
-    stack = Stack(tmp_path)
+def test_stack_failure_stops_what_started(server_dir: Path) -> None:
+    stack = Stack(server_dir)
     with socket.socket() as occupied:
         occupied.bind(("127.0.0.1", stack.postgres.port))
         occupied.listen()
@@ -104,12 +104,12 @@ def test_readiness_timeout_names_what_and_shows_log(tmp_path: Path) -> None:
     assert silent.pid is not None and not pid_alive(silent.pid)
 
 
-def test_nothing_survives_a_sigkilled_supervisor(tmp_path: Path) -> None:
+def test_nothing_survives_a_sigkilled_supervisor(server_dir: Path) -> None:
     script = textwrap.dedent(
         f"""
         import pathlib, sys, time
         from shared.stack import Stack
-        stack = Stack(pathlib.Path({str(tmp_path)!r}), s3=True, durable=False).start()
+        stack = Stack(pathlib.Path({str(server_dir)!r}), s3=True, durable=False).start()
         print(" ".join(map(str, stack.pids())), flush=True)
         time.sleep(120)
         """

@@ -104,9 +104,7 @@ class Finalizer:
                                          fence=lease.token)  # fmt: skip
             await self._publish(job, attempt_id, log)
         finally:
-            lease = await beat.stop()
-            if not beat.lost.is_set():
-                await self.rt.leases.release(lease)
+            await self.rt.leases.release(await beat.stop())
         return True
 
     async def _publish(self, job: Job, attempt_id: str, log: object) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
 from nats.aio.msg import Msg
@@ -37,11 +38,16 @@ class Worker:
         self.executor = ThreadPoolExecutor(self.slots, thread_name_prefix="kernel")
         self.scenes = SceneCache()
         self.handing_back = asyncio.Event()
+        #: jobs announced cancelled (job-cancelled events); bounded, oldest forgotten first
+        self.cancelled: OrderedDict[str, None] = OrderedDict()
         self.tiles_done = self.resumes = self.checkpoints = self.fenced = 0
         self.samples_rendered = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         """Work until ``stop``; then hand in-flight tiles back within the grace period."""
+        cancels = await self.rt.nc.subscribe(
+            self.rt.names.event_filter(n.EventKind.JOB_CANCELLED), cb=self._on_cancel
+        )
         try:
             await consume(
                 self.rt.js,
@@ -55,7 +61,15 @@ class Worker:
                 on_stop=self.handing_back.set,
             )
         finally:
+            await cancels.unsubscribe()
             self.executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _on_cancel(self, msg: Msg) -> None:
+        # The subject's job token is enough; the event body is for watchers.
+        job_id = msg.subject.split(".")[-2]
+        self.cancelled[job_id] = None
+        while len(self.cancelled) > 10_000:
+            self.cancelled.popitem(last=False)
 
     async def handle(self, msg: Msg) -> None:
         """One delivery."""

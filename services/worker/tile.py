@@ -38,7 +38,7 @@ from shared.jetstream import ack_sync_retry, publish
 from shared.leases import Lease, LeaseOwner, ProgressPointer
 from shared.lifecycle import IllegalTransition, JobTrigger, TileState, TileTrigger, is_terminal
 from shared.metadata import CommitOutcome, Job, Tile
-from shared.objectstore import checkpoint_key, tile_result_key
+from shared.objectstore import CorruptObject, checkpoint_key, tile_result_key
 from shared.retry import backoff
 from shared.tiles import Accumulator, Rect, from_npy, to_npy, zeros_for
 
@@ -121,9 +121,9 @@ class TileRun:
         try:
             await self._leased(job, tile, beat)
         finally:
-            lease = await beat.stop()
-            if not beat.lost.is_set():
-                await self._release(lease)
+            # Even after LeaseLost: a renew buffered while disconnected may still land, and a
+            # release of a lease that is no longer ours is refused harmlessly.
+            await self._release(await beat.stop())
 
     async def _lookup(self, tm: TileMessage) -> tuple[Job | None, Tile | None]:
         """Job and tile, or ``(None, None)`` once the message is settled here."""
@@ -187,7 +187,7 @@ class TileRun:
         try:
             data = await self.rt.store.get(progress.checkpoint)
             acc = from_npy(data, rect)
-        except (NotFoundError, DecodeError) as exc:
+        except (NotFoundError, DecodeError, CorruptObject) as exc:
             self.log.warning("checkpoint unusable; starting over", error=str(exc))
             progress.samples = progress.resumed_from = 0
             progress.checkpoint = None
@@ -204,22 +204,25 @@ class TileRun:
         rect = _rect(tile)
         last_checkpoint = time.monotonic()
         while progress.samples < job.spp:
-            await self._between_passes(job, beat)
+            self._between_passes(job, beat)
             end = min(job.spp, progress.samples + tuning.samples_per_pass)
             await self._pass(prepared, rect, progress.samples, end, acc)
             progress.samples = end
             due = time.monotonic() - last_checkpoint >= tuning.checkpoint_interval
             if due and progress.samples < job.spp:
-                await self._between_passes(job, beat)
+                # The cancel event may have been missed (a reconnect): ask the source of truth.
+                if await self.rt.db.is_cancel_requested(job.job_id):
+                    raise _Stop("cancelled")
+                self._between_passes(job, beat)
                 await self._checkpoint(job, tile, acc, progress, beat.lease.token)
                 last_checkpoint = time.monotonic()
 
-    async def _between_passes(self, job: Job, beat: Heartbeat) -> None:
+    def _between_passes(self, job: Job, beat: Heartbeat) -> None:
         if beat.lost.is_set():
             raise _Stop("lease_lost")
         if self.w.handing_back.is_set():
             raise _Stop("handed_back")
-        if await self.rt.db.is_cancel_requested(job.job_id):
+        if job.job_id in self.w.cancelled:
             raise _Stop("cancelled")
 
     async def _pass(

@@ -117,7 +117,7 @@ async def test_a_redelivered_tile_is_not_rendered_twice_in_parallel(
     e2e_settings: Settings,
 ) -> None:
     services.start_all(workers=2)
-    body = request(width=16, height=16, spp=3000, tile_size=16)  # one long tile
+    body = request(width=16, height=16, spp=12000, tile_size=16)  # one long tile
     reply = await submit(client, body)
     job_id = reply["job_id"]
 
@@ -131,6 +131,12 @@ async def test_a_redelivered_tile_is_not_rendered_twice_in_parallel(
     await nc.jetstream().publish(
         names.tile_subject(job_id, 0), copy, headers={"Nats-Msg-Id": n.tile_msg_id(job_id, 0, 7)}
     )
+
+    def copy_refused() -> bool:
+        logs = [p.log_path.read_text() for p in services.procs.values()]
+        return any("lease held by another owner" in text for text in logs)
+
+    await eventually(copy_refused, timeout=30, what="the copy is delivered and backed off")
     status = await settle(client, job_id, services)
     assert await result_bytes(objects, status) == reference_png(body)
     attempts = [a for a in await db.attempts(job_id) if a.tile_index == 0]
