@@ -7,19 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from kernel import trace
+from kernel.bsdf import DIELECTRIC, DIFFUSE, EMISSIVE, METAL
 from kernel.bvh import build_bvh
 from kernel.camera import camera_array
 from kernel.scene import Material, Scene
 from kernel.settings import RenderSettings, check_frame
 from kernel.validate import validate_scene
 
-_KINDS = {
-    "diffuse": trace.DIFFUSE,
-    "metal": trace.METAL,
-    "dielectric": trace.DIELECTRIC,
-    "emissive": trace.EMISSIVE,
-}
+_KINDS = {"diffuse": DIFFUSE, "metal": METAL, "dielectric": DIELECTRIC, "emissive": EMISSIVE}
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,7 +81,7 @@ def _materials(materials: tuple[Material, ...], sky: tuple[float, float, float])
     for i, m in enumerate(materials):
         param = m.ior if m.kind == "dielectric" else m.roughness
         out[i] = (_KINDS[m.kind], *m.color, *m.emission, param)
-    out[-1, 0] = trace.EMISSIVE
+    out[-1, 0] = EMISSIVE
     out[-1, 4:7] = sky
     return out
 
