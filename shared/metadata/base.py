@@ -79,7 +79,7 @@ class StoreBase:
                     init=_init_connection,
                     server_settings={"application_name": "tessera"},
                 )
-            except ValueError as exc:  # asyncpg's ClientConfigurationError is one
+            except (ValueError, OverflowError) as exc:  # ClientConfigurationError; port > 65535
                 raise ConfigError(f"TESSERA_DATABASE_URL is not a usable DSN: {exc}") from exc
         store = cls(pool, acquire_timeout=acquire_timeout)
         if migrate:
@@ -115,7 +115,7 @@ class StoreBase:
         self._check_open(what)
         with translated(what):
             async with self._pool.acquire(timeout=self._acquire_timeout) as conn:
-                return await fn(conn)
+                return await _guarded(conn, fn, transaction=False)
 
     async def _tx(self, what: str, fn: Callable[[Conn], Awaitable[T]]) -> T:
         """Run ``fn`` in one transaction; rerun it on a CAS miss, deadlock or serialization failure.
@@ -128,11 +128,8 @@ class StoreBase:
         with translated(what):
             for _ in range(TX_ATTEMPTS):
                 try:
-                    async with (
-                        self._pool.acquire(timeout=self._acquire_timeout) as conn,
-                        conn.transaction(),
-                    ):
-                        return await fn(conn)
+                    async with self._pool.acquire(timeout=self._acquire_timeout) as conn:
+                        return await _guarded(conn, fn, transaction=True)
                 except CasMiss as exc:
                     last = exc
                 except asyncpg.PostgresError as exc:
@@ -146,3 +143,24 @@ class StoreBase:
     def _check_open(self, what: str) -> None:
         if self._closed:
             raise StoreUnavailable(f"metadata store is closed (during {what})")
+
+
+async def _guarded(conn: Conn, fn: Callable[[Conn], Awaitable[T]], *, transaction: bool) -> T:
+    """Run ``fn``; a connection whose protocol broke (the server vanished under it) is dropped.
+
+    asyncpg can notice a dead server as an internal protocol error, or as "connection is
+    closed" while rolling back; either way this connection is unusable: terminate it so the
+    pool opens a fresh one, and report the store as unavailable.
+    """
+    try:
+        if not transaction:
+            return await fn(conn)
+        async with conn.transaction():
+            return await fn(conn)
+    except (asyncpg.exceptions.InternalClientError, asyncpg.InterfaceError) as exc:
+        if isinstance(exc, asyncpg.InterfaceError) and not conn.is_closed():
+            raise  # a misuse on a live connection: a bug, translated as terminal
+        conn.terminate()
+        raise StoreUnavailable(
+            f"metadata store connection broke: {type(exc).__name__}: {exc}"
+        ) from exc
