@@ -22,7 +22,9 @@ POINTS = frozenset(
         "worker.after_checkpoint",
         "worker.during_renew",  # between the renew request and its reply being used
         "worker.after_result_write",  # tile result in the object store, not yet committed
-        "worker.after_commit",  # committed in Postgres, tile-done not yet acked
+        "worker.after_commit",  # committed in Postgres, tile-done not yet published
+        "worker.before_ack",  # tile-done published, lease released, message not yet acked
+        "finalizer.after_finalizing",  # job moved to finalizing, nothing written yet
         "finalizer.after_image_write",  # final image written, metadata not yet updated
         "finalizer.after_complete",  # job completed, tile-done not yet acked
         "scheduler.after_plan",  # tile rows written, TILES not yet published
@@ -56,4 +58,6 @@ def crash_point(name: str) -> None:
         return
     _armed[name] -= 1
     if _armed[name] == 0:
+        # One unbuffered line in the log, so a test can tell this death from any other.
+        os.write(2, f"tessera: crash point {name} reached; SIGKILL\n".encode())
         os.kill(os.getpid(), signal.SIGKILL)

@@ -114,6 +114,7 @@ class Finalizer:
         )
         if job.state is JobState.COMPLETED:
             return
+        crash.crash_point("finalizer.after_finalizing")
         acc = await self._assemble(job)
         png, flt = await asyncio.to_thread(_encode, acc, job.spp)
         png_sha, flt_sha = _sha(png), _sha(flt)

@@ -302,6 +302,7 @@ class TileRun:
         await self._cleanup(job, tile, progress)
         await self.rt.db.end_attempt(self.attempt_id, outcome="done")
         await self._release(await beat.stop())
+        crash.crash_point("worker.before_ack")
         await ack_sync_retry(self.msg)
         self.w.tiles_done += 1
         self.log.info("tile done", samples=job.spp, resumed_from=progress.resumed_from)
