@@ -1,6 +1,8 @@
 """Create or update the whole topology, idempotently and race-safely.
 
-Every service calls :func:`ensure_topology` at start-up, possibly at the same moment. For each
+Every service calls :func:`ensure_topology` at start-up, possibly at the same moment. Each object
+is read first and left alone when it already matches, so a user allowed only ``INFO`` (see
+:mod:`shared.natsauth`) starts once the topology owner has declared it. Otherwise, for each
 stream: ``add_stream`` (a no-op when the config is identical); if the server answers "already in
 use with a different configuration" (10058), ``update_stream``; then read it back and verify every
 field we set. Consumers use ``add_consumer``, which creates or updates, and are verified the same
@@ -19,7 +21,7 @@ from typing import Any, TypeVar
 
 import nats.errors
 from nats.js import JetStreamContext, api
-from nats.js.errors import APIError, ServiceUnavailableError
+from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
 from proto.topology import Topology
 from shared.errors import ConfigError, StoreUnavailable
@@ -60,6 +62,8 @@ class _Mismatch(Exception):
 
 async def _ensure_stream(js: JetStreamContext, config: api.StreamConfig) -> None:
     assert config.name is not None
+    if await _stream_matches(js, config):
+        return  # read-only users (see shared/natsauth.py) need nothing more
     try:
         await js.add_stream(config)
     except APIError as exc:
@@ -77,8 +81,20 @@ async def _ensure_stream(js: JetStreamContext, config: api.StreamConfig) -> None
         raise _Mismatch(f"subject_delete_marker_ttl={info.config.subject_delete_marker_ttl}")
 
 
+async def _stream_matches(js: JetStreamContext, config: api.StreamConfig) -> bool:
+    assert config.name is not None
+    try:
+        info = await js.stream_info(config.name)
+        _verify(config, info.config, _STREAM_IGNORED)
+    except (NotFoundError, _Mismatch):
+        return False
+    return not info.config.subject_delete_marker_ttl
+
+
 async def _ensure_consumer(js: JetStreamContext, stream: str, config: api.ConsumerConfig) -> None:
     assert config.name is not None
+    if await _consumer_matches(js, stream, config):
+        return
     try:
         await js.add_consumer(stream, config)
     except APIError as exc:
@@ -89,6 +105,16 @@ async def _ensure_consumer(js: JetStreamContext, stream: str, config: api.Consum
     _verify(config, info.config, frozenset())
     if info.config.backoff or info.config.inactive_threshold:
         raise _Mismatch(f"backoff={info.config.backoff} inactive={info.config.inactive_threshold}")
+
+
+async def _consumer_matches(js: JetStreamContext, stream: str, config: api.ConsumerConfig) -> bool:
+    assert config.name is not None
+    try:
+        info = await js.consumer_info(stream, config.name)
+        _verify(config, info.config, frozenset())
+    except (NotFoundError, _Mismatch):
+        return False
+    return not (info.config.backoff or info.config.inactive_threshold)
 
 
 def _config_error(what: str, exc: APIError) -> Exception:
