@@ -9,7 +9,7 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
@@ -17,7 +17,7 @@ from types import FrameType
 import uvloop
 
 from services.client.output import write_atomic
-from shared.procs import ManagedProcess
+from shared.procs import ManagedProcess, wait_for
 from shared.stack import Stack, StackError
 
 __all__ = ["ServiceProcesses", "register", "run_demo", "run_up"]
@@ -27,11 +27,21 @@ _REPO = Path(__file__).resolve().parent.parent
 
 
 class ServiceProcesses:
-    """A set of service processes sharing one environment (one test's namespace)."""
+    """A set of service processes sharing one environment (one test's namespace).
 
-    def __init__(self, env: Mapping[str, str], log_dir: Path) -> None:
+    ``service_env`` adds per-service variables (with NATS auth: each service's own user URL).
+    """
+
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        log_dir: Path,
+        *,
+        service_env: Callable[[str], Mapping[str, str]] | None = None,
+    ) -> None:
         self.env = dict(env)
         self.log_dir = log_dir
+        self.service_env = service_env
         self.procs: dict[str, ManagedProcess] = {}
 
     def start(
@@ -39,7 +49,8 @@ class ServiceProcesses:
     ) -> ManagedProcess:
         """Start one service process; ``name`` distinguishes replicas (``worker-2``)."""
         name = name or service
-        full_env = os.environ | self.env | {"TESSERA_NODE": name} | dict(env or {})
+        own = dict(self.service_env(service)) if self.service_env else {}
+        full_env = os.environ | self.env | {"TESSERA_NODE": name} | own | dict(env or {})
         proc = ManagedProcess(
             name,
             [sys.executable, "-m", f"services.{service}"],
@@ -51,12 +62,30 @@ class ServiceProcesses:
         self.procs[name] = proc
         return proc
 
-    def start_all(self, workers: int = 1) -> None:
-        """Gateway, scheduler, finalizer and ``workers`` workers."""
+    def start_all(self, workers: int = 1, *, scheduler_first: bool = False) -> None:
+        """Gateway, scheduler, finalizer and ``workers`` workers.
+
+        ``scheduler_first``: start the others only once the scheduler has declared the topology
+        (needed when it is the only user allowed to create it, see :mod:`shared.natsauth`).
+        """
+        if scheduler_first:
+            self.wait_started(self.start("scheduler"))
         for service in ("gateway", "scheduler", "finalizer"):
-            self.start(service)
+            if service not in self.procs:
+                self.start(service)
         for i in range(workers):
             self.start("worker", name=f"worker-{i + 1}")
+
+    def wait_started(self, proc: ManagedProcess, timeout: float = 60.0) -> None:
+        """Block (bounded) until ``proc`` logs that it started: topology declared, connected."""
+
+        def started() -> bool:
+            try:
+                return '"msg":"started"' in proc.log_path.read_text(errors="replace")
+            except OSError:
+                return False
+
+        wait_for(started, timeout=timeout, what=f"{proc.name} did not start", proc=proc)
 
     def restart(self, name: str, *, env: Mapping[str, str] | None = None) -> ManagedProcess:
         """Start ``name`` again after it died, like a supervisor would."""
@@ -121,15 +150,21 @@ def _watch_children(stop: threading.Event, stack: Stack, procs: ServiceProcesses
     return 0
 
 
-def run_up(data_dir: Path, *, s3: bool, workers: int, services: bool) -> int:
-    """Run the stack (and the four services) until SIGINT/SIGTERM."""
-    stack = Stack(data_dir, s3=s3)
-    procs = ServiceProcesses(stack.env(), stack.data_dir / "logs")
+def run_up(data_dir: Path, *, s3: bool, workers: int, services: bool, auth: bool = False) -> int:
+    """Run the stack (and the four services) until SIGINT/SIGTERM.
+
+    ``auth``: NATS with one least-privilege user per service and one for clients; the printed
+    ``TESSERA_NATS_URL`` is the client user's.
+    """
+    namespace = os.environ.get("TESSERA_NAMESPACE", "").strip()
+    stack = Stack(data_dir, s3=s3, auth=auth, namespace=namespace)
+    procs = ServiceProcesses(stack.env(), stack.data_dir / "logs", service_env=stack.service_env)
     with _stop_on_signals() as stop:
         try:
             stack.start()
+            procs.env = stack.env()
             if services:
-                procs.start_all(workers=workers)
+                procs.start_all(workers=workers, scheduler_first=auth)
         except StackError as exc:
             print(f"tessera up: {exc}", file=sys.stderr)
             procs.stop_all()
@@ -219,8 +254,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     up.add_argument(
         "--stack-only", action="store_true", help="run the servers only, not the services"
     )
+    up.add_argument(
+        "--auth",
+        action="store_true",
+        help="NATS with one least-privilege user per service and one for clients (docs/scaling.md)",
+    )
     up.set_defaults(
-        func=lambda a: run_up(a.data_dir, s3=a.s3, workers=a.workers, services=not a.stack_only)
+        func=lambda a: run_up(
+            a.data_dir, s3=a.s3, workers=a.workers, services=not a.stack_only, auth=a.auth
+        )
     )
 
     demo = sub.add_parser("demo", help="render the sample scene end to end on the embedded stack")

