@@ -32,6 +32,15 @@ def _decode_jsonb(data: bytes) -> Any:
     return orjson.loads(data[1:])
 
 
+async def _reset_connection(conn: asyncpg.Connection) -> None:
+    """Pool release hook: nothing to reset.
+
+    The store keeps no session state (no ``SET``, ``LISTEN``, cursors or session advisory locks;
+    the migration lock is transaction-scoped), and asyncpg rolls back an open transaction on
+    release anyway, so asyncpg's default reset query would be one wasted round trip per use.
+    """
+
+
 async def _init_connection(conn: asyncpg.Connection[Record]) -> None:
     await conn.set_type_codec(
         "jsonb",
@@ -77,6 +86,7 @@ class StoreBase:
                     command_timeout=command_timeout,
                     timeout=connect_timeout,
                     init=_init_connection,
+                    reset=_reset_connection,
                     server_settings={"application_name": "tessera"},
                 )
             except (ValueError, OverflowError) as exc:  # ClientConfigurationError; port > 65535
@@ -150,7 +160,7 @@ async def _guarded(conn: Conn, fn: Callable[[Conn], Awaitable[T]], *, transactio
 
     asyncpg can notice a dead server as an internal protocol error, or as "connection is
     closed" while rolling back; either way this connection is unusable: terminate it so the
-    pool opens a fresh one, and report the store as unavailable.
+    pool opens a fresh one (asyncpg does the same when the reset on release fails).
     """
     try:
         if not transaction:

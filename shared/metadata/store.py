@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shared.lifecycle import JobState, JobTrigger, TileState, TileTrigger, tile_legal_events
-from shared.metadata import audit, jobs, tiles
+from shared.metadata import audit, fencing, jobs, tiles
 from shared.metadata.audit import Conn, Who
-from shared.metadata.base import StoreBase
+from shared.metadata.ops import OpsStore
 from shared.metadata.models import (
     Attempt,
     AttemptOutcome,
@@ -31,7 +31,7 @@ CANCEL_IF_IDLE = tuple(
 )
 
 
-class MetadataStore(StoreBase):
+class MetadataStore(OpsStore):
     """Jobs, tiles, attempts and the audit trail in PostgreSQL.
 
     Every method runs in one transaction, translates asyncpg errors into
@@ -193,7 +193,7 @@ class MetadataStore(StoreBase):
         who = Who(node, attempt_id)
         return await self._tx(
             "fence_tile",
-            lambda c: tiles.fence(
+            lambda c: fencing.fence(
                 c,
                 job_id,
                 tile_index,
@@ -218,7 +218,7 @@ class MetadataStore(StoreBase):
         who = Who(node, attempt_id)
         return await self._tx(
             "record_progress",
-            lambda c: tiles.progress(
+            lambda c: fencing.progress(
                 c, job_id, tile_index, token=token, samples_done=samples_done, who=who
             ),
         )
@@ -244,7 +244,7 @@ class MetadataStore(StoreBase):
         who = Who(node, attempt_id)
         return await self._tx(
             "commit_tile",
-            lambda c: tiles.commit(
+            lambda c: fencing.commit(
                 c,
                 job_id,
                 tile_index,
@@ -280,7 +280,7 @@ class MetadataStore(StoreBase):
         checked = audit.outcome_of(outcome)
         return await self._tx(
             "fail_tile",
-            lambda c: tiles.fail(
+            lambda c: fencing.fail(
                 c,
                 job_id,
                 tile_index,

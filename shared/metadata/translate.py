@@ -15,9 +15,11 @@ connections, disk full)
 ``57P01..3`` shutdown / not yet accepting,  :class:`StoreUnavailable`
 ``57014`` statement timeout, ``55P03`` lock
 timeout, ``25006`` read-only (failover), ``58``
-stale prepared statement after a migration  :class:`StoreUnavailable`
-any other ``PostgresError`` or client error :class:`MetadataError` (terminal: a bug or
-                                            corrupt data; the message names SQLSTATE)
+stale prepared statement after a migration, :class:`StoreUnavailable`
+asyncpg ``InternalClientError`` (a protocol
+state broken by a vanished server)
+any other ``PostgresError``, or an          :class:`MetadataError` (terminal: a bug or
+``InterfaceError`` on a live connection     corrupt data; the message names SQLSTATE)
 ==========================================  =============================================
 """
 
@@ -33,9 +35,11 @@ from shared.errors import StoreUnavailable, TerminalError, TesseraError
 _RETRYABLE_CLASSES = ("08", "40", "53", "58")
 _RETRYABLE_STATES = frozenset({"57P01", "57P02", "57P03", "57014", "55P03", "25006"})
 _RETRY_IN_PLACE = frozenset({"40001", "40P01"})
-# A prepared statement planned before another service's migration: the next try re-prepares.
-_STALE_STATEMENT = (
-    asyncpg.exceptions.InvalidCachedStatementError | asyncpg.exceptions.OutdatedSchemaCacheError
+# A prepared statement planned before another service's migration (the next try re-prepares),
+# or a connection whose protocol state broke because the server vanished mid-exchange (asyncpg
+# reports that as an internal error; the connection is terminated, the pool opens a new one).
+_TRANSIENT_CLIENT = (
+    asyncpg.exceptions.InvalidCachedStatementError | asyncpg.exceptions.InternalClientError
 )
 
 
@@ -47,7 +51,7 @@ class MetadataError(TerminalError):
 
 def is_transient(exc: BaseException) -> bool:
     """True if ``exc`` (an asyncpg or socket error) may succeed when tried again."""
-    if isinstance(exc, _STALE_STATEMENT | OSError | TimeoutError):
+    if isinstance(exc, _TRANSIENT_CLIENT | OSError | TimeoutError):
         return True
     if isinstance(exc, asyncpg.PostgresError):
         state = exc.sqlstate or ""

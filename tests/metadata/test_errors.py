@@ -88,6 +88,7 @@ async def test_a_closed_store_is_unavailable(store: MetadataStore) -> None:
         asyncpg.exceptions.ConnectionDoesNotExistError("closed mid-operation"),
         asyncpg.exceptions.ReadOnlySQLTransactionError("read-only"),
         asyncpg.exceptions.InvalidCachedStatementError("cached plan must not change"),
+        asyncpg.exceptions.InternalClientError("cannot switch to state 12"),
         ConnectionRefusedError(111, "refused"),
         TimeoutError(),
     ],
@@ -140,9 +141,14 @@ async def test_the_store_survives_a_postgres_restart_and_a_crash(
         job_id = (await store.submit_job(new_job())).job.job_id
         for outage in (own_postgres.stop, own_postgres.proc.kill):
             await asyncio.to_thread(outage)
-            for probe in (store.ping(), store.get_job(job_id), store.submit_job(new_job())):
+            probes = (
+                store.ping,
+                lambda: store.get_job(job_id),
+                lambda: store.submit_job(new_job()),
+            )
+            for probe in probes:
                 with pytest.raises(StoreUnavailable):
-                    await probe
+                    await probe()
             await asyncio.to_thread(own_postgres.start)
             await eventually(_answers(store), timeout=20, what="store answers after restart")
             job = await store.get_job(job_id)

@@ -119,6 +119,9 @@ async def test_self_loops_are_legal_and_not_audited(store: MetadataStore, new_jo
     again = await store.transition_job(job_id, JobTrigger.TILES_PLANNED)
     assert first == again and again.state == JobState.RUNNING
     assert len(await store.job_events(job_id)) == 2  # submit + the one real move
+    noted = await store.transition_job(job_id, JobTrigger.TILES_PLANNED, error_code="slow")
+    assert (noted.state, noted.last_error_code) == (JobState.RUNNING, "slow")
+    assert len(await store.job_events(job_id)) == 2
 
 
 async def test_illegal_transition_raises_and_changes_nothing(

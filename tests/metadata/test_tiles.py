@@ -329,3 +329,43 @@ async def test_stale_tiles_selects_open_tiles_of_live_jobs(
 async def test_never_published_tiles_are_stale(store: MetadataStore, new_job: Factory) -> None:
     await _planned(store, new_job)
     assert [t.tile_index for t in await store.stale_tiles(older_than=3600)] == [0, 1, 2, 3]
+
+
+async def test_many_workers_on_one_job_keep_every_row_consistent(
+    store: MetadataStore, new_job: Factory
+) -> None:
+    job_id = (await store.submit_job(new_job(width=128, height=128))).job.job_id
+    rects = [(x, y, x + 32, y + 32) for y in range(0, 128, 32) for x in range(0, 128, 32)]
+    await store.plan_tiles(job_id, rects)
+
+    async def work(i: int) -> object:
+        token = 100 + i
+        assert await store.fence_tile(job_id, i, token=token, attempt_id=f"a{i}", node=f"w{i}")
+        for samples in (4, 8, 12):
+            assert await store.record_progress(job_id, i, token=token, samples_done=samples)
+        return await _commit(store, job_id, i, token, f"a{i}")
+
+    results = await asyncio.gather(*(work(i) for i in range(len(rects))))
+    assert results == [CommitOutcome.COMMITTED] * len(rects)
+    assert await store.all_tiles_done(job_id)
+    job = await store.get_job(job_id)
+    assert job is not None and job.state == JobState.PROGRESSING
+    job_moves = [e for e in await store.job_events(job_id) if e.entity == "job"]
+    assert [(e.from_state, e.to_state) for e in job_moves] == [
+        (None, JobState.QUEUED),
+        (JobState.QUEUED, JobState.RUNNING),
+        (JobState.RUNNING, JobState.PROGRESSING),
+    ]
+    tile_moves = [e for e in await store.job_events(job_id) if e.entity == "tile"]
+    assert len(tile_moves) == 3 * len(rects)  # lease, first progress, commit
+
+
+async def test_no_new_work_on_a_cancel_requested_job(
+    store: MetadataStore, new_job: Factory
+) -> None:
+    job_id = await _planned(store, new_job)
+    await store.request_cancel(job_id)
+    assert not await store.fence_tile(job_id, 0, token=1, attempt_id="a", node="w")
+    with pytest.raises(NotFoundError):
+        await store.fence_tile(job_id, 99, token=1, attempt_id="a", node="w")
+    assert await store.attempts(job_id) == []

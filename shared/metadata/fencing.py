@@ -1,0 +1,229 @@
+"""The owner's writes on a tile, all fenced by the lease's token.
+
+Every write is a compare-and-set on the state just read and on ``lease_fence``: the lease's
+acquire revision is written with ``lease_fence < $token`` (a newer owner always holds a larger
+token), and progress, commit and failure require ``lease_fence = $token``. A miss raises
+:class:`CasMiss` and the store reruns the transaction, so the decision is made again from
+fresh rows. The job row is written before the tile row (see :mod:`shared.metadata.tiles`).
+
+Tile audit rows: every state change, and every LEASE (a re-lease of a ``leased`` tile is a new
+owner taking over, which the trail must show); repeated PROGRESS updates are not audited.
+"""
+
+from __future__ import annotations
+
+from shared.errors import NotFoundError
+from shared.lifecycle import (
+    IllegalTransition,
+    JobState,
+    JobTrigger,
+    TileState,
+    TileTrigger,
+    is_terminal,
+    transition_job,
+    transition_tile,
+)
+from shared.metadata import audit, jobs
+from shared.metadata.audit import Conn, Who
+from shared.metadata.jobs import CasMiss
+from shared.metadata.models import AttemptOutcome, CommitOutcome, Tile
+from shared.metadata.tiles import require_tile
+
+
+async def fence(
+    conn: Conn,
+    job_id: str,
+    tile_index: int,
+    *,
+    token: int,
+    attempt_id: str,
+    who: Who,
+    resumed_from: int,
+) -> bool:
+    """LEASE the tile for ``token`` if it is larger than the current fence (see the store)."""
+    job = await conn.fetchrow("SELECT state, cancel_requested FROM jobs WHERE job_id = $1", job_id)
+    if job is None:
+        raise NotFoundError(f"job {job_id} does not exist")
+    job_state = JobState(job["state"])
+    tile = await require_tile(conn, job_id, tile_index)
+    if job["cancel_requested"] or is_terminal(job_state) or tile.lease_fence >= token:
+        return False
+    try:
+        target = transition_tile(tile.state, TileTrigger.LEASE)
+        transition_job(job_state, JobTrigger.TILE_STARTED)
+    except IllegalTransition:
+        return False
+    await jobs.cas_job(conn, job_id, job_state, JobTrigger.TILE_STARTED, who)
+    moved = await conn.fetchval(
+        """
+        UPDATE tiles SET lease_fence = $3, state = $5, samples_done = $6,
+            attempt_count = attempt_count + 1, updated_at = now()
+        WHERE job_id = $1 AND tile_index = $2 AND lease_fence < $3 AND state = $4
+        RETURNING true
+        """,
+        job_id,
+        tile_index,
+        token,
+        tile.state.value,
+        target.value,
+        resumed_from,
+    )
+    if moved is None:
+        raise CasMiss
+    await audit.start_attempt(
+        conn,
+        job_id,
+        tile_index,
+        attempt_id=attempt_id,
+        node=who.node,
+        fence=token,
+        resumed_from=resumed_from,
+    )
+    await _audit(conn, tile, target, TileTrigger.LEASE, _with_detail(who, f"fence {token}"))
+    return True
+
+
+async def progress(
+    conn: Conn, job_id: str, tile_index: int, *, token: int, samples_done: int, who: Who
+) -> bool:
+    """Record ``samples_done`` under the fence (PROGRESS); False if the fence is lost."""
+    tile = await require_tile(conn, job_id, tile_index)
+    if tile.lease_fence != token:
+        return False
+    try:
+        target = transition_tile(tile.state, TileTrigger.PROGRESS)
+    except IllegalTransition:
+        return False
+    moved = await conn.fetchval(
+        """
+        UPDATE tiles SET samples_done = $5, state = $6, updated_at = now()
+        WHERE job_id = $1 AND tile_index = $2 AND lease_fence = $3 AND state = $4
+        RETURNING true
+        """,
+        job_id,
+        tile_index,
+        token,
+        tile.state.value,
+        samples_done,
+        target.value,
+    )
+    if moved is None:
+        raise CasMiss
+    if target != tile.state:
+        await _audit(conn, tile, target, TileTrigger.PROGRESS, who)
+    return True
+
+
+async def commit(
+    conn: Conn,
+    job_id: str,
+    tile_index: int,
+    *,
+    token: int,
+    result_key: str,
+    result_sha256: str,
+    samples_done: int,
+    who: Who,
+) -> CommitOutcome:
+    """The fenced commit: COMMIT the tile, close the attempt, TILE_PROGRESS the job."""
+    tile = await require_tile(conn, job_id, tile_index)
+    if tile.state == TileState.DONE or tile.lease_fence != token:
+        await audit.end_attempt(conn, who.attempt_id, AttemptOutcome.FENCED)
+        done = tile.state == TileState.DONE
+        return CommitOutcome.ALREADY_DONE if done else CommitOutcome.FENCED
+    try:
+        target = transition_tile(tile.state, TileTrigger.COMMIT)
+    except IllegalTransition:  # the fence is ours but the lease was lost or handed back
+        await audit.end_attempt(conn, who.attempt_id, AttemptOutcome.FENCED)
+        return CommitOutcome.FENCED
+    await jobs.try_move_job(conn, job_id, JobTrigger.TILE_PROGRESS, Who(who.node, who.attempt_id))
+    moved = await conn.fetchval(
+        """
+        UPDATE tiles SET state = $5, result_key = $6, result_sha256 = $7, samples_done = $8,
+            last_error_code = NULL, last_error = NULL, updated_at = now()
+        WHERE job_id = $1 AND tile_index = $2 AND lease_fence = $3 AND state = $4
+        RETURNING true
+        """,
+        job_id,
+        tile_index,
+        token,
+        tile.state.value,
+        target.value,
+        result_key,
+        result_sha256,
+        samples_done,
+    )
+    if moved is None:
+        raise CasMiss
+    await audit.end_attempt(conn, who.attempt_id, AttemptOutcome.DONE)
+    await _audit(conn, tile, target, TileTrigger.COMMIT, who)
+    return CommitOutcome.COMMITTED
+
+
+async def fail(
+    conn: Conn,
+    job_id: str,
+    tile_index: int,
+    *,
+    token: int | None,
+    trigger: TileTrigger,
+    outcome: AttemptOutcome,
+    job_trigger: JobTrigger | None,
+    who: Who,
+) -> Tile | None:
+    """Move the tile by a failure ``trigger``; fenced when ``token`` is given (None if not ours)."""
+    tile = await require_tile(conn, job_id, tile_index)
+    if token is not None and tile.lease_fence != token:
+        await audit.end_attempt(conn, who.attempt_id, AttemptOutcome.FENCED)
+        return None
+    target = _next(tile, trigger)
+    if job_trigger is not None:
+        await jobs.try_move_job(conn, job_id, job_trigger, who)
+    row = await conn.fetchrow(
+        """
+        UPDATE tiles SET state = $5, last_error_code = $6, last_error = $7, updated_at = now()
+        WHERE job_id = $1 AND tile_index = $2 AND ($3::bigint IS NULL OR lease_fence = $3)
+          AND state = $4
+        RETURNING *
+        """,
+        job_id,
+        tile_index,
+        token,
+        tile.state.value,
+        target.value,
+        who.error_code,
+        who.error,
+    )
+    if row is None:
+        raise CasMiss
+    await audit.end_attempt(
+        conn, who.attempt_id, outcome, error_code=who.error_code, error=who.error
+    )
+    await _audit(conn, tile, target, trigger, who)
+    return Tile.from_record(row)
+
+
+def _next(tile: Tile, trigger: TileTrigger) -> TileState:
+    try:
+        return transition_tile(tile.state, trigger)
+    except IllegalTransition:
+        raise IllegalTransition(
+            f"tile {tile.tile_index} of job {tile.job_id}: {TileTrigger(trigger).value} is "
+            f"illegal in state {tile.state.value}"
+        ) from None
+
+
+def _with_detail(who: Who, detail: str) -> Who:
+    return Who(who.node, who.attempt_id, who.error_code, who.error, who.detail or detail)
+
+
+async def _audit(conn: Conn, tile: Tile, target: TileState, trigger: TileTrigger, who: Who) -> None:
+    await audit.record_event(
+        conn,
+        tile.job_id,
+        tile_index=tile.tile_index,
+        from_state=tile.state,
+        to_state=target,
+        trigger=trigger,
+        who=who,
+    )
