@@ -135,10 +135,13 @@ async def end_attempt(
     error_code: str | None = None,
     error: str | None = None,
 ) -> None:
-    """Close an open attempt; the first outcome recorded wins (a late duplicate is ignored)."""
-    checked = outcome_of(outcome)
+    """Close an open attempt; the first outcome recorded wins (a late duplicate is ignored).
+
+    Without an ``attempt_id`` there is nothing to close and ``outcome`` is not checked.
+    """
     if attempt_id is None:
         return
+    checked = outcome_of(outcome)
     await conn.execute(
         """
         UPDATE attempts SET ended_at = now(), outcome = $2, error_code = $3, error = $4

@@ -167,7 +167,7 @@ async def fail(
     *,
     token: int | None,
     trigger: TileTrigger,
-    outcome: AttemptOutcome,
+    outcome: AttemptOutcome | None,
     job_trigger: JobTrigger | None,
     who: Who,
 ) -> Tile | None:
@@ -196,9 +196,10 @@ async def fail(
     )
     if row is None:
         raise CasMiss
-    await audit.end_attempt(
-        conn, who.attempt_id, outcome, error_code=who.error_code, error=who.error
-    )
+    if outcome is not None:
+        await audit.end_attempt(
+            conn, who.attempt_id, outcome, error_code=who.error_code, error=who.error
+        )
     await _audit(conn, tile, target, trigger, who)
     return Tile.from_record(row)
 

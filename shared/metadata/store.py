@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from shared.lifecycle import JobState, JobTrigger, TileState, TileTrigger, tile_legal_events
 from shared.metadata import audit, fencing, jobs, tiles
 from shared.metadata.audit import Conn, Who
-from shared.metadata.ops import OpsStore
 from shared.metadata.models import (
     Attempt,
     AttemptOutcome,
@@ -19,6 +18,7 @@ from shared.metadata.models import (
     Tile,
     TileCounts,
 )
+from shared.metadata.ops import OpsStore
 
 _WORKING = (TileState.LEASED, TileState.PROGRESSING)
 #: tiles an operator retry sends back to the queue (derived from the tile machine)
@@ -273,11 +273,12 @@ class MetadataStore(OpsStore):
         """Move the tile by ``trigger`` (retryable, terminal, lease_lost, cancel, dead_letter).
 
         With ``token`` the move is fenced: a stale owner gets ``None`` and changes nothing.
-        The attempt gets ``outcome``; the move is audited. ``job_trigger``, if given, moves the
-        job in the same transaction (skipped when the job's state does not allow it).
+        The attempt (if any) gets ``outcome``; the move is audited. ``job_trigger``, if given,
+        moves the job in the same transaction (skipped when the job's state does not allow it).
         """
         who = Who(node, attempt_id, error_code, error)
-        checked = audit.outcome_of(outcome)
+        # Checked before the transaction; with no attempt there is nothing to record it on.
+        checked = None if attempt_id is None else audit.outcome_of(outcome)
         return await self._tx(
             "fail_tile",
             lambda c: fencing.fail(

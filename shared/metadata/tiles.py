@@ -13,6 +13,7 @@ from shared.errors import ConflictError, NotFoundError, ValidationError
 from shared.lifecycle import (
     TERMINAL_JOB_STATES,
     TERMINAL_TILE_STATES,
+    IllegalTransition,
     JobState,
     JobTrigger,
     TileState,
@@ -61,7 +62,11 @@ def _check_rects(rects: Sequence[tuple[int, int, int, int]]) -> list[TileRect]:
 async def plan(
     conn: Conn, job_id: str, rects: Sequence[tuple[int, int, int, int]], who: Who
 ) -> list[Tile]:
-    """TILES_PLANNED and the tile rows; a second call with the same plan changes nothing."""
+    """TILES_PLANNED and the tile rows; a second call with the same plan changes nothing.
+
+    An unplanned job whose state does not allow TILES_PLANNED raises IllegalTransition; once
+    planned, a repeat returns the plan even when the job is past planning.
+    """
     wanted = _check_rects(rects)
     row = await conn.fetchrow("SELECT state, tiles_total FROM jobs WHERE job_id = $1", job_id)
     if row is None:
@@ -71,7 +76,14 @@ async def plan(
             f"job {job_id} is planned with {row['tiles_total']} tiles, not {len(wanted)}"
         )
     detail = Who(who.node, who.attempt_id, detail=f"{len(wanted)} tiles")
-    await jobs.cas_job(conn, job_id, JobState(row["state"]), JobTrigger.TILES_PLANNED, detail)
+    state = JobState(row["state"])
+    try:
+        await jobs.cas_job(conn, job_id, state, JobTrigger.TILES_PLANNED, detail)
+    except IllegalTransition:
+        if row["tiles_total"] == 0:
+            raise
+        # Already planned, and the job has moved past planning (finalizing, completed, ...):
+        # a late redelivery of the JOBS message re-reads the plan and moves nothing.
     columns = list(zip(*wanted, strict=True))
     await conn.execute(
         """

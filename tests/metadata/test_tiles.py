@@ -369,3 +369,50 @@ async def test_no_new_work_on_a_cancel_requested_job(
     with pytest.raises(NotFoundError):
         await store.fence_tile(job_id, 99, token=1, attempt_id="a", node="w")
     assert await store.attempts(job_id) == []
+
+
+async def test_a_late_plan_redelivery_after_planning_moves_nothing(
+    store: MetadataStore, new_job: Factory
+) -> None:
+    job_id = await _planned(store, new_job)
+    await store.transition_job(job_id, JobTrigger.ALL_TILES_DONE)
+    assert [t.rect for t in await store.plan_tiles(job_id, RECTS)] == RECTS
+    job = await store.get_job(job_id)
+    assert job is not None and job.state == JobState.FINALIZING
+    unplanned = (await store.submit_job(new_job())).job.job_id
+    await store.request_cancel(unplanned)
+    with pytest.raises(IllegalTransition, match="tiles_planned is illegal in state cancelled"):
+        await store.plan_tiles(unplanned, RECTS)
+    assert await store.list_tiles(unplanned) == []
+
+
+async def test_an_unfenced_failure_without_attempt_records_no_outcome(
+    store: MetadataStore, new_job: Factory
+) -> None:
+    job_id = await _planned(store, new_job)
+    tile = await store.fail_tile(
+        job_id,
+        0,
+        token=None,
+        attempt_id=None,
+        trigger=TileTrigger.DEAD_LETTER,
+        error_code="max_deliver",
+        error="delivered 5 times",
+        node="sched",
+        outcome="dead_lettered",  # not an attempt outcome, but there is no attempt to close
+    )
+    assert tile is not None and tile.state == TileState.DEAD_LETTERED
+    with pytest.raises(ValidationError, match="attempt outcome"):
+        await store.fail_tile(
+            job_id,
+            1,
+            token=None,
+            attempt_id="a1",
+            trigger=TileTrigger.DEAD_LETTER,
+            error_code="x",
+            error="x",
+            node="sched",
+            outcome="dead_lettered",
+        )
+    tile = await store.get_tile(job_id, 1)
+    assert tile is not None and tile.state == TileState.QUEUED
