@@ -66,8 +66,10 @@ class Tuning:
     lease_ttl: int = 10
     #: lease renew + ``in_progress()`` period; must be below ``lease_ttl / 2``
     heartbeat_interval: float = 2.0
-    #: JetStream ack deadline (the queue's visibility timeout); must exceed ``lease_ttl``
-    ack_wait: int = 30
+    #: JetStream ack deadline (the queue's visibility timeout); must exceed ``lease_ttl``. Live
+    #: owners extend it with every heartbeat, so it only bounds how soon a dead owner's tile is
+    #: redelivered: just after its lease expired.
+    ack_wait: int = 12
     #: deliveries of one tile message before it is dead-lettered
     max_deliver: int = 5
     #: seconds between checkpoints of a tile's accumulator

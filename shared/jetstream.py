@@ -260,7 +260,10 @@ async def connect_nats(
             log.error("NATS %s: %s: %s", name, type(exc).__name__, text)
 
     async def on_disconnected() -> None:
-        log.warning("NATS %s: disconnected; reconnecting", name)
+        if client.is_closed or client.is_draining:
+            log.debug("NATS %s: disconnected (closing)", name)  # our own close(): no news
+        else:
+            log.warning("NATS %s: disconnected; reconnecting", name)
 
     async def on_reconnected() -> None:
         url = client.connected_url

@@ -59,6 +59,7 @@ class Heartbeat:
                 self.lease = renewed
                 self.renewals += 1
                 self.last_renewed = time.monotonic()
+                self.log.debug("lease renewed", key=renewed.key, revision=renewed.revision)
                 if self.msg is not None:
                     await self.msg.in_progress()
             except LeaseLost as exc:

@@ -16,7 +16,7 @@ from services.worker.scenes import SceneCache
 from services.worker.tile import TileRun
 from shared.errors import TesseraError
 from shared.jetstream import publish
-from shared.lifecycle import IllegalTransition, JobTrigger
+from shared.lifecycle import IllegalTransition, JobTrigger, is_terminal
 from shared.metadata import Job
 from shared.runtime import Runtime
 
@@ -40,6 +40,7 @@ class Worker:
         self.handing_back = asyncio.Event()
         #: jobs announced cancelled (job-cancelled events); bounded, oldest forgotten first
         self.cancelled: OrderedDict[str, None] = OrderedDict()
+        self._jobs: OrderedDict[str, Job] = OrderedDict()
         self.tiles_done = self.resumes = self.checkpoints = self.fenced = 0
         self.samples_rendered = 0
 
@@ -76,8 +77,18 @@ class Worker:
         await TileRun(self, msg).run()
 
     async def job(self, job_id: str) -> Job | None:
-        """The job row, read fresh (its state and cancel flag matter)."""
-        return await self.rt.db.get_job(job_id)
+        """The job row, cached: what tiles need of it (scene, settings, input hash) never
+        changes. Its state may be stale; the fence checks the live state."""
+        job = self._jobs.get(job_id)
+        if job is None or is_terminal(job.state) or job.cancel_requested:
+            job = await self.rt.db.get_job(job_id)
+            if job is None:
+                return None
+        self._jobs[job_id] = job
+        self._jobs.move_to_end(job_id)
+        while len(self._jobs) > 256:
+            self._jobs.popitem(last=False)
+        return job
 
     async def fail_job(self, job_id: str, trigger: JobTrigger, exc: TesseraError) -> None:
         """Move the job to a failed state (if still legal) and tell watchers."""
@@ -87,6 +98,7 @@ class Worker:
             )
         except IllegalTransition:
             return
+        self.log.warning("job failed", job_id=job_id, to=job.state.value, code=exc.code)
         kind = _EVENT_FOR[trigger]
         event = JobEvent(job_id, kind, job.generation, str(exc)[:4000])
         await publish(

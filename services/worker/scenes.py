@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import numpy as np
+
 import kernel
 from shared.errors import TerminalError
 from shared.metadata import Job
@@ -47,7 +49,22 @@ class SceneCache:
             prepared = kernel.prepare(job.scene, job.frame, settings_of(job))
         except (kernel.SceneError, ValueError, ArithmeticError) as exc:
             raise KernelFailure(f"scene rejected by the kernel: {exc}") from exc
+        _check_finite(prepared)
         self._items[job.job_id] = prepared
         while len(self._items) > self.size:
             self._items.popitem(last=False)
         return prepared
+
+
+def _check_finite(prepared: kernel.Prepared) -> None:
+    """:class:`KernelFailure` unless every array the tracer reads is finite.
+
+    Validation checks the document, not the arithmetic on it: a vector that validates but
+    underflows when normalised (``camera.up = [1e-200, 0, 0]``: its norm is 0) gives a NaN
+    camera, and the tracer would publish an image of NaN rays as if it were a render. The same
+    document fails the same way on every worker, so this is terminal, never retried.
+    """
+    for name in ("spheres", "triangles", "normals", "boxes", "materials", "camera"):
+        values = getattr(prepared, name)
+        if values.size and not np.isfinite(values).all():
+            raise KernelFailure(f"scene degenerates in the kernel: non-finite {name} array")

@@ -80,6 +80,7 @@ class TileRun:
         self.attempt_id = uuid.uuid4().hex
         self.log = worker.log.bind(attempt_id=self.attempt_id)
         self.token: int | None = None  # our fencing token once the tile row is fenced
+        self.started = time.monotonic()  # reset when the tile row is fenced
         self.released = False
 
     async def run(self) -> None:
@@ -124,9 +125,15 @@ class TileRun:
             # Even after LeaseLost: a renew buffered while disconnected may still land, and a
             # release of a lease that is no longer ours is refused harmlessly.
             await self._release(await beat.stop())
+            if beat.lost.is_set():
+                self.rt.metrics.lease_renewal_failures.labels(kind="tile").inc()
 
     async def _lookup(self, tm: TileMessage) -> tuple[Job | None, Tile | None]:
-        """Job and tile, or ``(None, None)`` once the message is settled here."""
+        """Job and tile, or ``(None, None)`` once the message is settled here.
+
+        The job row may come from the worker's cache, so its state can be stale; the fence
+        re-checks the job's state and cancel flag in the same transaction that takes the tile.
+        """
         job = await self.w.job(tm.job_id)
         tile = await self.rt.db.get_tile(tm.job_id, tm.tile_index) if job else None
         if job is None or tile is None:
@@ -158,18 +165,33 @@ class TileRun:
             await ack_sync_retry(self.msg)
             return
         self.token = token
+        self._acquired(tile, token)
         crash.crash_point("worker.after_lease")
-        acc = await self._load(job, tile, progress)
-        try:
-            await self._render(job, tile, acc, progress, beat)
-        except _Stop as stop:
-            await self._stopped(job, tile, acc, progress, beat, stop.why)
-            return
-        await self._commit(job, tile, acc, progress, beat)
+        with self.rt.metrics.tiles_in_flight.track_inprogress():
+            acc = await self._load(job, tile, progress)
+            try:
+                await self._render(job, tile, acc, progress, beat)
+            except _Stop as stop:
+                await self._stopped(job, tile, acc, progress, beat, stop.why)
+                return
+            await self._commit(job, tile, acc, progress, beat)
+
+    def _acquired(self, tile: Tile, token: int) -> None:
+        """Log and count a fenced acquire; a row still leased means a takeover."""
+        self.started = time.monotonic()
+        m = self.rt.metrics
+        m.tile_attempts.inc()
+        if tile.lease_fence > 0 and tile.state in (TileState.LEASED, TileState.PROGRESSING):
+            m.lease_takeovers.inc()
+            self.log.warning("lease taken over", token=token, previous_fence=tile.lease_fence)
+        else:
+            self.log.info("lease acquired", token=token)
 
     # ------------------------------------------------------------------ steps 4-5
 
     async def _resume_point(self, job: Job, tile: Tile) -> _Progress:
+        if tile.attempt_count == 0:
+            return _Progress(0, None, None, 0)  # never leased: no checkpoint can exist
         key = n.progress_key(job.job_id, tile.tile_index)
         found = await self.rt.progress.get(key)
         if found is None:
@@ -193,6 +215,7 @@ class TileRun:
             progress.checkpoint = None
             return zeros_for(rect)
         self.w.resumes += 1
+        self.rt.metrics.resumes.inc()
         self.log.info("resumed from checkpoint", samples=progress.samples)
         return acc
 
@@ -238,7 +261,9 @@ class TileRun:
             raise Stalled(f"samples {start}..{end} made no progress") from None
         except (ValueError, ArithmeticError, kernel.SceneError) as exc:
             raise KernelFailure(f"kernel failed on samples {start}..{end}: {exc}") from exc
-        self.w.samples_rendered += (end - start) * (rect[2] - rect[0]) * (rect[3] - rect[1])
+        samples = (end - start) * (rect[2] - rect[0]) * (rect[3] - rect[1])
+        self.w.samples_rendered += samples
+        self.rt.metrics.samples_rendered.inc(samples)
 
     async def _checkpoint(
         self, job: Job, tile: Tile, acc: Accumulator, progress: _Progress, token: int
@@ -266,6 +291,8 @@ class TileRun:
         ):
             raise _Stop("fenced")
         self.w.checkpoints += 1
+        self.rt.metrics.checkpoints.inc()
+        self.log.info("checkpoint written", samples=progress.samples, key=key)
         crash.crash_point("worker.after_checkpoint")
 
     # ------------------------------------------------------------------ steps 6-7
@@ -299,22 +326,24 @@ class TileRun:
             current = await self.rt.db.get_tile(job.job_id, tile.tile_index)
             key = current.result_key if current and current.result_key else key
         await self._announce(job, tile.tile_index, key)
-        await self._cleanup(job, tile, progress)
-        await self.rt.db.end_attempt(self.attempt_id, outcome="done")
+        await self._cleanup(job, tile, progress)  # (the commit closed the attempt as done)
         await self._release(await beat.stop())
         crash.crash_point("worker.before_ack")
         await ack_sync_retry(self.msg)
         self.w.tiles_done += 1
+        self.rt.metrics.tiles_completed.inc()
+        self.rt.metrics.tile_seconds.observe(time.monotonic() - self.started)
         self.log.info("tile done", samples=job.spp, resumed_from=progress.resumed_from)
 
     async def _announce(self, job: Job, tile_index: int, result_key: str) -> None:
         done = TileDone(job.job_id, tile_index, self.attempt_id, result_key, job.input_hash)
-        await publish(
+        ack = await publish(
             self.rt.js,
             self.rt.names.event_subject(job.job_id, n.EventKind.TILE_DONE),
             done.encode(),
             msg_id=n.done_msg_id(job.job_id, tile_index),
         )
+        self.rt.metrics.published(ack)
 
     async def _cleanup(self, job: Job, tile: Tile, progress: _Progress) -> None:
         """Checkpoints of a committed tile are garbage; failing to delete them is harmless."""
@@ -373,6 +402,7 @@ class TileRun:
             return
         delay = backoff(self.rt.retry, self.msg.metadata.num_delivered)
         self.log.warning("retryable failure", error=str(exc), code=exc.code, delay=delay)
+        self.rt.metrics.retries.labels(code=exc.code).inc()
         if self.token is not None:  # only the fenced owner may record the failure
             # If the store is what failed, the nak below still schedules the retry.
             with contextlib.suppress(RetryableError):
