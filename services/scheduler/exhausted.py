@@ -19,6 +19,7 @@ from services.deadletter import dead_letter_raw
 from shared.errors import DecodeError, RetryableError
 from shared.jetstream import ack_sync_retry, publish
 from shared.lifecycle import IllegalTransition, JobTrigger, TileTrigger, is_terminal
+from shared.metadata import AttemptOutcome
 from shared.retry import backoff
 from shared.runtime import Runtime
 
@@ -113,7 +114,7 @@ class Exhausted:
                 error_code=REASON,
                 error=error,
                 node=node,
-                outcome="dead_lettered",
+                outcome=AttemptOutcome.TERMINAL,  # no attempt to close: the worker died
             )
         job = await db.get_job(job_id)
         if job is None or is_terminal(job.state):

@@ -417,12 +417,13 @@ class TileRun:
         self.log.error("terminal failure", error=str(exc), code=exc.code)
         unit = n.dlq_unit_tile(tm.tile_index)
         await dead_letter(self.rt, self.msg, job_id=tm.job_id, unit=unit, error=exc)
-        db = self.rt.db
-        await db.fail_tile(
-            tm.job_id, tm.tile_index, token=self.token, attempt_id=self.attempt_id,
-            trigger=TileTrigger.TERMINAL_FAILURE, error_code=exc.code, error=str(exc),
-            node=self.rt.node, outcome="terminal",
-        )  # fmt: skip
+        with contextlib.suppress(IllegalTransition):  # e.g. failed before it was ever leased
+            await self.rt.db.fail_tile(
+                tm.job_id, tm.tile_index, token=self.token,
+                attempt_id=self.attempt_id if self.token is not None else None,
+                trigger=TileTrigger.TERMINAL_FAILURE, error_code=exc.code, error=str(exc),
+                node=self.rt.node, outcome="terminal",
+            )  # fmt: skip
         await self.w.fail_job(tm.job_id, JobTrigger.TERMINAL_FAILURE, exc)
         await self.msg.term()
 

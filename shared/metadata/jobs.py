@@ -9,6 +9,7 @@ Self-loops (the machine returns the current state) write nothing and are not aud
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from shared.errors import ConflictError, NotFoundError, ValidationError
@@ -101,10 +102,19 @@ async def state_of(conn: Conn, job_id: str) -> JobState:
     return JobState(value)
 
 
+_LIST_COLUMNS = ", ".join(
+    "'{}'::jsonb AS scene" if f.name == "scene" else f.name for f in dataclasses.fields(Job)
+)
+
+
 async def list_jobs(
     conn: Conn, *, state: JobState | None, limit: int, before: str | None
 ) -> list[Job]:
-    """Newest first; ``before`` is the last ``job_id`` of the previous page (keyset paging)."""
+    """Newest first; ``before`` is the last ``job_id`` of the previous page (keyset paging).
+
+    Listed jobs carry an empty ``scene``: a page of 1000 jobs must not drag up to 4 MiB of
+    scene document each out of the database.
+    """
     if not 1 <= limit <= MAX_LIST:
         raise ValidationError(f"limit: {limit} must be between 1 and {MAX_LIST}")
     where: list[str] = []
@@ -117,7 +127,7 @@ async def list_jobs(
         where.append(f"job_id < ${len(args)}")
     args.append(limit)
     clause = f"WHERE {' AND '.join(where)}" if where else ""
-    query = f"SELECT * FROM jobs {clause} ORDER BY job_id DESC LIMIT ${len(args)}"
+    query = f"SELECT {_LIST_COLUMNS} FROM jobs {clause} ORDER BY job_id DESC LIMIT ${len(args)}"
     return [Job.from_record(row) for row in await conn.fetch(query, *args)]
 
 
