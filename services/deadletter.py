@@ -65,12 +65,15 @@ async def dead_letter_raw(
         subject=subject,
         payload=payload,
     )
-    await publish(
+    ack = await publish(
         rt.js,
         rt.names.dlq_subject(job, unit),
         letter.encode(),
         msg_id=n.dlq_msg_id(stream, seq),
     )
-    rt.log.warning(
-        "dead-lettered", job_id=job, unit=unit, reason=reason, error=error[:200], seq=seq
-    )
+    if rt.metrics.published(ack).duplicate:
+        return  # a copy repeated after a crash: counted and logged the first time
+    rt.metrics.dead_letters.labels(unit=rt.metrics.dead_letter_unit(unit), reason=reason).inc()
+    tile = int(unit[5:]) if unit.startswith("tile-") and unit[5:].isdigit() else None
+    rt.log.warning("dead-lettered", job_id=job, tile=tile, unit=unit, reason=reason,
+                   error=error[:200], seq=seq, deliveries=deliveries)  # fmt: skip

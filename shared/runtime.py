@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import uvloop
 from nats.aio.client import Client as NATS
@@ -24,12 +24,14 @@ from proto.ensure import ensure_topology
 from proto.topology import Topology
 from shared import crash
 from shared.config import Settings
-from shared.errors import ConfigError, TesseraError
+from shared.errors import ConfigError, StoreUnavailable, TesseraError
 from shared.jetstream import connect_nats
 from shared.leases import Leases, ProgressPointers
 from shared.logs import Log, setup_logging
 from shared.metadata import MetadataStore
+from shared.metrics import Metrics
 from shared.objectstore import ObjectStore, open_object_store
+from shared.observability import Check, OpsServer
 from shared.retry import RetryPolicy
 
 __all__ = ["Runtime", "service_main", "topology_for"]
@@ -62,6 +64,8 @@ class Runtime:
     leases: Leases
     progress: ProgressPointers
     retry: RetryPolicy
+    #: this process's Prometheus registry (served on ``TESSERA_METRICS_PORT``)
+    metrics: Metrics = field(default_factory=Metrics)
 
     @property
     def names(self) -> n.Names:
@@ -108,6 +112,16 @@ class Runtime:
             retry=RetryPolicy(base=t.retry_base, cap=t.retry_cap),
         )
 
+    def readiness_checks(self) -> dict[str, Check]:
+        """What ``/readyz`` asks: NATS connected, PostgreSQL and the object store answering."""
+
+        async def nats() -> None:
+            if not self.nc.is_connected:
+                raise StoreUnavailable("NATS is not connected")
+            await self.nc.flush(timeout=1)
+
+        return {"nats": nats, "postgres": self.db.ping, "object_store": self.store.ping}
+
     async def close(self) -> None:
         """Close every connection; errors while closing are logged, not raised."""
         for name, closer in (("store", self.store.close), ("db", self.db.close)):
@@ -146,12 +160,18 @@ async def _run(settings: Settings, service: str, body: ServiceBody) -> int:
         log.error("start-up failed", error=str(exc), code=exc.code)
         return 1
     log.info("started", namespace=settings.tuning.namespace)
+    ops: OpsServer | None = None
     try:
+        if settings.tuning.metrics_port > 0:
+            ops = OpsServer(runtime.metrics, runtime.readiness_checks(), log)
+            await ops.start(settings.tuning.metrics_port)
         await body(runtime, stop)
     except Exception:
         log.error("service crashed", exc=True)
         return 1
     finally:
+        if ops is not None:
+            await ops.close()
         await runtime.close()
     log.info("stopped")
     return 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 import uuid
 
 from nats.aio.msg import Msg
@@ -69,12 +70,15 @@ class Finalizer:
             settled = True
         except RetryableError as exc:
             self.failures += 1
+            self.rt.metrics.finalization_failures.labels(kind="retryable").inc()
+            self.rt.metrics.retries.labels(code=exc.code).inc()
             delay = backoff(self.rt.retry, msg.metadata.num_delivered)
             self.log.warning("finalization failed; will retry", job_id=done.job_id, error=str(exc))
             await msg.nak(delay=delay)
             return
         except TerminalError as exc:
             self.failures += 1
+            self.rt.metrics.finalization_failures.labels(kind="terminal").inc()
             self.log.error("finalization failed for good", job_id=done.job_id, error=str(exc))
             await dead_letter(self.rt, msg, job_id=done.job_id, unit=n.DLQ_UNIT_FINAL, error=exc)
             await self._fail(done.job_id, exc)
@@ -99,12 +103,16 @@ class Finalizer:
         tuning = self.rt.settings.tuning
         log = self.log.bind(job_id=job_id, attempt_id=attempt_id)
         beat = Heartbeat(self.rt.leases, lease, msg, tuning.heartbeat_interval, log).start()
+        started = time.monotonic()
         try:
             await db.start_final_attempt(job_id, attempt_id=attempt_id, node=self.rt.node,
                                          fence=lease.token)  # fmt: skip
             await self._publish(job, attempt_id, log)
         finally:
             await self.rt.leases.release(await beat.stop())
+            if beat.lost.is_set():
+                self.rt.metrics.lease_renewal_failures.labels(kind="final").inc()
+        self.rt.metrics.final_seconds.observe(time.monotonic() - started)
         return True
 
     async def _publish(self, job: Job, attempt_id: str, log: object) -> None:
@@ -140,7 +148,15 @@ class Finalizer:
         crash.crash_point("finalizer.after_complete")
         await db.end_attempt(attempt_id, outcome="done")
         self.completed += 1
-        self.rt.log.info("job completed", job_id=job.job_id, result=png_key, sha256=png_sha)
+        self._completed(job)
+        self.rt.log.info("job completed", job_id=job.job_id, attempt_id=attempt_id,
+                         result=png_key, sha256=png_sha)  # fmt: skip
+
+    def _completed(self, job: Job) -> None:
+        self.rt.metrics.jobs_completed.inc()
+        if job.finished_at is not None:
+            seconds = (job.finished_at - job.created_at).total_seconds()
+            self.rt.metrics.job_seconds.observe(max(seconds, 0.0))
 
     async def _assemble(self, job: Job) -> Accumulator:
         tiles = await self.rt.db.list_tiles(job.job_id)
@@ -154,12 +170,13 @@ class Finalizer:
         return assemble(job.width, job.height, parts)
 
     async def _announce(self, job: Job, event: JobEvent) -> None:
-        await publish(
+        ack = await publish(
             self.rt.js,
             self.rt.names.event_subject(job.job_id, event.kind),
             event.encode(),
             msg_id=n.event_msg_id(job.job_id, event.kind, job.generation),
         )
+        self.rt.metrics.published(ack)
 
     async def _fail(self, job_id: str, exc: TerminalError) -> None:
         job = await self.rt.db.transition_job(

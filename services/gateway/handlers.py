@@ -33,6 +33,7 @@ from shared.logs import Log
 from shared.metadata import MetadataStore
 from shared.metadata.jobs import MAX_LIST
 from shared.metadata.models import Job, NewJob
+from shared.metrics import Metrics
 
 __all__ = ["Handlers", "new_job_for"]
 
@@ -63,8 +64,16 @@ def new_job_for(request: SubmitRequest, scene: dict[str, Any], input_hash: str) 
 class Handlers:
     """The job verbs over one metadata store and one JetStream context."""
 
-    def __init__(self, db: MetadataStore, js: JetStreamContext, names: Names, log: Log) -> None:
+    def __init__(
+        self,
+        db: MetadataStore,
+        js: JetStreamContext,
+        names: Names,
+        log: Log,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.db, self.js, self.names, self.log = db, js, names, log
+        self.metrics = metrics or Metrics()
         #: submits answered with an existing job (the same logical request seen again)
         self.duplicate_submits = 0
 
@@ -76,6 +85,7 @@ class Handlers:
         job = result.job
         if not result.created:
             self.duplicate_submits += 1
+            self.metrics.duplicates.labels(source="idempotency_key").inc()
         if result.created or job.state is JobState.QUEUED:
             await self._publish_job(job)
         log = self.log.bind(job_id=job.job_id, idempotency_key=job.idempotency_key)
@@ -93,13 +103,13 @@ class Handlers:
         message = JobMessage(job.job_id, generation=job.generation)
         subject = self.names.job_subject(job.job_id)
         msg_id = job_msg_id(job.job_id, job.generation)
-        await publish(self.js, subject, message.encode(), msg_id=msg_id)
+        self.metrics.published(await publish(self.js, subject, message.encode(), msg_id=msg_id))
 
     async def _publish_event(self, job: Job, kind: EventKind, detail: str) -> None:
         event = JobEvent(job.job_id, kind, generation=job.generation, detail=detail)
         subject = self.names.event_subject(job.job_id, kind)
         msg_id = event_msg_id(job.job_id, kind, job.generation)
-        await publish(self.js, subject, event.encode(), msg_id=msg_id)
+        self.metrics.published(await publish(self.js, subject, event.encode(), msg_id=msg_id))
 
     async def _job(self, job_id: str) -> Job:
         job = await self.db.get_job(job_id)

@@ -7,6 +7,7 @@ import sys
 
 from proto import names as n
 from services.consume import consume
+from services.ops.collector import StreamCollector
 from services.scheduler.exhausted import Exhausted
 from services.scheduler.planner import Planner
 from services.scheduler.sweeper import Sweeper
@@ -14,7 +15,7 @@ from shared.runtime import Runtime, service_main
 
 
 async def run(rt: Runtime, stop: asyncio.Event) -> None:
-    """Plan jobs, dead-letter exhausted messages and sweep, until ``stop``."""
+    """Plan jobs, dead-letter exhausted messages, sweep and collect stream metrics."""
     names, grace = rt.names, rt.settings.tuning.grace_period
     planner, exhausted, sweeper = Planner(rt), Exhausted(rt), Sweeper(rt)
     await asyncio.gather(
@@ -39,6 +40,7 @@ async def run(rt: Runtime, stop: asyncio.Event) -> None:
             grace=grace,
         ),
         sweeper.run(stop),
+        StreamCollector(rt).run(stop),
     )
 
 

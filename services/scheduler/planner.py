@@ -85,12 +85,13 @@ async def publish_tiles(rt: Runtime, tiles: list[Tile], *, bump: bool = False) -
         gen = tile.generation + 1 if bump else tile.generation
         body = TileMessage(tile.job_id, tile.tile_index, gen).encode()
         async with gate:
-            await publish(
+            ack = await publish(
                 rt.js,
                 names.tile_subject(tile.job_id, tile.tile_index),
                 body,
                 msg_id=n.tile_msg_id(tile.job_id, tile.tile_index, gen),
             )
+        rt.metrics.published(ack)
 
     await asyncio.gather(*(one(t) for t in tiles))
     by_generation: dict[tuple[str, int], list[int]] = {}

@@ -52,6 +52,7 @@ class Sweeper:
         if lost:
             await publish_tiles(self.rt, lost, bump=True)
             self.republished += len(lost)
+            self.rt.metrics.republished.inc(len(lost))
             for t in lost:
                 self.log.warning(
                     "re-published lost tile",
