@@ -104,6 +104,21 @@ class TesseraClient:
         """One dead letter by its DLQ stream sequence, with the original payload."""
         return await self.call(ApiVerb.DLQ_SHOW, {"seq": seq})
 
+    async def dlq_requeue(
+        self,
+        *,
+        job_id: str | None = None,
+        dry_run: bool = False,
+        rate: int | None = None,
+        limit: int | None = None,
+    ) -> dict[str, Any]:
+        """Requeue dead letters (one job's, or all) at ``rate`` per second; ``dry_run`` plans.
+
+        The gateway replies when every requeue is done: allow ``count / rate`` seconds.
+        """
+        body = {"job_id": job_id, "dry_run": dry_run, "rate": rate, "limit": limit}
+        return await self.call(ApiVerb.DLQ_REQUEUE, body)
+
     async def dlq_purge(
         self, *, job_id: str | None = None, everything: bool = False, dry_run: bool = False
     ) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from functools import partial
 from typing import TypeAlias
 
 from proto.limits import DEFAULT_BOUNCES
-from services.client import actions
+from services.client import actions, recovery
 from services.client.api import DEFAULT_TIMEOUT
 from services.client.session import Session, run_command
 from shared.lifecycle import JobState
@@ -118,7 +118,7 @@ def _add_jobs(sub: Sub) -> None:
 
 
 def _add_dlq(sub: Sub) -> None:
-    dlq = sub.add_parser("dlq", help="inspect and purge dead letters", epilog=EPILOG)
+    dlq = sub.add_parser("dlq", help="inspect, requeue and purge dead letters", epilog=EPILOG)
     verbs = dlq.add_subparsers(dest="dlq_command", required=True, metavar="VERB")
     p = _command(verbs, "list", actions.dlq_list, "list dead letters, oldest first")
     p.add_argument("--job", default=None, metavar="JOB", help="only this job's")
@@ -127,6 +127,13 @@ def _add_dlq(sub: Sub) -> None:
     _json(p)
     p = _command(verbs, "show", actions.dlq_show, "show one dead letter with its payload")
     p.add_argument("seq", type=int, metavar="SEQ")
+    p = _command(verbs, "requeue", recovery.dlq_requeue, "re-render dead-lettered work, paced")
+    p.add_argument("--job", default=None, metavar="JOB", help="only this job's dead letters")
+    p.add_argument("--dry-run", action="store_true", help="list what would be requeued, and why")
+    p.add_argument("--rate", type=recovery.parse_rate, default=None, metavar="N/s",
+                   help="requeues per second (default 10)")  # fmt: skip
+    p.add_argument("--limit", type=int, default=None, help="at most this many dead letters")
+    _json(p)
     p = _command(verbs, "purge", actions.dlq_purge, "delete dead letters")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--job", default=None, metavar="JOB", help="this job's dead letters")

@@ -20,6 +20,7 @@ from proto.names import ApiVerb
 from proto.replies import ErrorCode, error_reply, ok_reply, reply_for_exception
 from services.gateway.dlq import DlqHandlers
 from services.gateway.handlers import Handlers
+from services.ops.requeue import Requeuer
 from shared.errors import RetryableError, TesseraError
 from shared.runtime import Runtime
 
@@ -35,8 +36,8 @@ class Gateway:
     def __init__(self, rt: Runtime, *, max_in_flight: int = 64) -> None:
         self.rt = rt
         self.max_in_flight = max_in_flight
-        self.handlers = Handlers(rt.db, rt.js, rt.names, rt.log)
-        self.dlq = DlqHandlers(rt.js, rt.names, rt.log)
+        self.handlers = Handlers(rt.db, rt.js, rt.names, rt.log, rt.metrics)
+        self.dlq = DlqHandlers(rt.js, rt.names, rt.log, requeuer=Requeuer(rt))
         self.routes: dict[str, Handler] = {
             rt.names.api_subject(verb): handler for verb, handler in self._verbs().items()
         }
@@ -54,6 +55,7 @@ class Gateway:
             ApiVerb.RETRY: h.retry,
             ApiVerb.DLQ_LIST: d.list,
             ApiVerb.DLQ_SHOW: d.show,
+            ApiVerb.DLQ_REQUEUE: d.requeue,
             ApiVerb.DLQ_PURGE: d.purge,
         }
 

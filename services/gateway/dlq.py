@@ -1,10 +1,17 @@
-"""The dead-letter verbs: list, show and purge the ``DLQ`` stream.
+"""The dead-letter verbs: list, show, requeue and purge the ``DLQ`` stream.
 
 Dead letters are read straight from the stream by sequence (``get_msg`` with ``next_by_subj``),
 so listing needs no consumer and leaves nothing behind; the cursor of a page is the last
-sequence it showed. ``dlq.requeue`` is not served yet: requeueing a dead tile has to move the
-tile and its job out of ``dead_lettered`` in the metadata store too, or the republished message
-would be acked unprocessed by the first worker that sees the terminal job.
+sequence it showed.
+
+``dlq.requeue`` walks the matching letters oldest first and hands each to
+:class:`services.ops.requeue.Requeuer`, which moves the tile (and its job) out of
+``dead_lettered`` in the metadata store — otherwise the republished message would be acked
+unprocessed by the first worker that sees the terminal job — republishes under a new generation,
+and only then deletes the letter. Requeues are paced at ``rate`` per second
+(:class:`services.ops.pacing.Pacer`), so a replay cannot start a retry storm; the reply comes
+when all are done, so a client waits about ``count / rate`` seconds. ``dry_run`` only plans:
+it writes nothing and reports, per letter, what would happen and why.
 """
 
 from __future__ import annotations
@@ -16,10 +23,18 @@ from typing import Any
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError as JsNotFound
 
-from proto.api import DlqListRequest, DlqPurgeRequest, DlqShowRequest, decode_request
+from proto.api import (
+    DlqListRequest,
+    DlqPurgeRequest,
+    DlqRequeueRequest,
+    DlqShowRequest,
+    decode_request,
+)
 from proto.messages import DeadLetter
 from proto.names import DLQ_UNIT_JOB, STREAM_DLQ, Names
-from shared.errors import DecodeError, NotFoundError, ValidationError
+from services.ops.pacing import Pacer
+from services.ops.requeue import SKIP, Plan, Requeuer
+from shared.errors import DecodeError, NotFoundError, TerminalError, ValidationError
 from shared.jetstream import retry_transient
 from shared.logs import Log
 
@@ -53,11 +68,14 @@ def dead_letter_view(raw: api.RawStreamMsg, *, payload: bool = False) -> dict[st
 
 
 class DlqHandlers:
-    """``dlq.list``, ``dlq.show`` and ``dlq.purge`` over one JetStream context."""
+    """``dlq.list``, ``dlq.show``, ``dlq.purge`` and (given a requeuer) ``dlq.requeue``."""
 
-    def __init__(self, js: JetStreamContext, names: Names, log: Log) -> None:
+    def __init__(
+        self, js: JetStreamContext, names: Names, log: Log, *, requeuer: Requeuer | None = None
+    ) -> None:
         self.js, self.names, self.log = js, names, log
         self.stream = names.stream(STREAM_DLQ)
+        self.requeuer = requeuer
 
     def _filter(self, job_id: str | None) -> str:
         if job_id is None:
@@ -101,6 +119,39 @@ class DlqHandlers:
         if raw is None or raw.seq != request.seq:
             raise NotFoundError(f"dead letter {request.seq} does not exist")
         return {"dead_letter": dead_letter_view(raw, payload=True)}
+
+    async def requeue(self, data: bytes, headers: Headers) -> dict[str, Any]:
+        """``tessera.api.dlq.requeue``: requeue matching dead letters at ``rate`` per second.
+
+        Replies ``dead_letters`` (each with ``action`` requeue/replay/skip, ``why``, ``done``),
+        ``requeued`` (letters acted on) and ``skipped``; ``dry_run`` plans only.
+        """
+        request = decode_request(data, headers, DlqRequeueRequest)
+        if self.requeuer is None:
+            raise ValidationError("dlq.requeue is not served by this gateway")
+        subject, seq = self._filter(request.job_id), 1
+        pacer, plans = Pacer(request.rate), list[Plan]()
+        while len(plans) < request.limit:
+            raw = await self._next(seq, subject)
+            if raw is None or raw.seq is None:
+                break
+            seq = raw.seq + 1
+            plan = await self.requeuer.plan(raw)
+            if not request.dry_run and plan.action != SKIP:
+                await pacer.wait()
+                try:
+                    plan = await self.requeuer.apply(plan)
+                except TerminalError as exc:  # a race with another operator or a worker
+                    plan = Plan(plan.seq, plan.job_id, plan.unit, plan.reason, plan.error, SKIP,
+                                f"{plan.action} refused: {exc}", plan.tile)  # fmt: skip
+            plans.append(plan)
+        acted = [p for p in plans if p.action != SKIP]
+        return {
+            "dry_run": request.dry_run,
+            "requeued": len(acted),
+            "skipped": len(plans) - len(acted),
+            "dead_letters": [p.view() for p in plans],
+        }
 
     async def purge(self, data: bytes, headers: Headers) -> dict[str, Any]:
         """``tessera.api.dlq.purge``: delete one job's dead letters (or all); ``dry_run`` counts.
