@@ -17,7 +17,7 @@ from importlib.metadata import PackageNotFoundError, version
 __all__ = ["build_parser", "main"]
 
 SERVICES = ("gateway", "scheduler", "worker", "finalizer")
-_COMMAND_MODULES = ("services.local", "services.client.commands")
+_COMMAND_MODULES = ("services.local", "services.client.commands", "services.ops.commands")
 
 
 def _version() -> str:
