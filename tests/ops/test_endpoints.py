@@ -1,0 +1,90 @@
+"""The ops endpoint in-process: probes, and the duplicate counter of a real gateway."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+
+from proto.api import SubmitRequest
+from services.client.api import TesseraClient
+from services.gateway.app import Gateway
+from shared.config import Settings
+from shared.observability import OpsServer
+from shared.runtime import Runtime
+from shared.stack import PostgresServer
+from tests.helpers import eventually
+from tests.ops.conftest import http_get, metric, scrape, value
+
+
+@pytest.fixture
+async def gateway_ops(settings: Settings):
+    """A started in-process gateway and its ops endpoint on a free port."""
+    rt = await Runtime.open(settings, "gateway")
+    gateway = Gateway(rt)
+    await gateway.start()
+    ops = await OpsServer(rt.metrics, rt.readiness_checks(), rt.log, host="127.0.0.1").start(0)
+    try:
+        yield rt, ops.port
+    finally:
+        await ops.close()
+        await gateway.stop(5.0)
+        await rt.close()
+
+
+async def test_probes_and_a_duplicate_submit(gateway_ops, nc) -> None:
+    rt, port = gateway_ops
+    assert await http_get(port, "/healthz") == (200, b"ok\n")
+    status, body = await http_get(port, "/readyz")
+    assert status == 200, body
+    assert orjson.loads(body)["checks"] == {"nats": "ok", "postgres": "ok", "object_store": "ok"}
+    assert (await http_get(port, "/nope"))[0] == 404
+    client = TesseraClient(nc, rt.names, timeout=10)
+    request = SubmitRequest(project="ops", scene="cornell", width=16, height=16, spp=1)
+    first = await client.submit(request)
+    before = await scrape(port)
+    again = await client.submit(request)
+    after = await scrape(port)
+    assert again["job_id"] == first["job_id"] and again["duplicate"]
+    name = "tessera_duplicates_suppressed_total"
+    assert value(after, name, source="idempotency_key") == 1 + value(
+        before, name, source="idempotency_key"
+    )
+    # the job is still queued, so its JOBS message went out again under the same Nats-Msg-Id
+    assert value(after, name, source="jetstream") == 1 + value(before, name, source="jetstream")
+
+
+async def test_readyz_fails_while_postgres_is_down(
+    settings_env: dict[str, str], server_dir: Path
+) -> None:
+    pg = PostgresServer(server_dir / "pg", durable=False)
+    pg.start()
+    try:
+        settings = Settings.from_env(settings_env | {"TESSERA_DATABASE_URL": pg.dsn})
+        rt = await Runtime.open(settings, "worker")
+        ops = await OpsServer(rt.metrics, rt.readiness_checks(), rt.log, host="127.0.0.1").start(0)
+        try:
+            await _readiness(ops.port, expect=200)
+            pg.stop()
+            body = await _readiness(ops.port, expect=503)
+            checks = orjson.loads(body)["checks"]
+            assert checks["postgres"] != "ok" and checks["nats"] == "ok", checks
+            assert (await http_get(ops.port, "/healthz"))[0] == 200, "alive, just not ready"
+            pg.start()
+            await _readiness(ops.port, expect=200)
+            assert await metric(ops.port, "tessera_tiles_in_flight") == 0
+        finally:
+            await ops.close()
+            await rt.close()
+    finally:
+        pg.stop()
+
+
+async def _readiness(port: int, *, expect: int) -> bytes:
+    async def probe() -> bytes | None:
+        status, body = await http_get(port, "/readyz")
+        return body if status == expect else None
+
+    result: bytes = await eventually(probe, timeout=30, interval=0.2, what=f"/readyz {expect}")
+    return result

@@ -1,0 +1,60 @@
+"""A lease deleted under a rendering worker is a renewal failure, then a takeover; ``top``."""
+
+from __future__ import annotations
+
+from nats.aio.client import Client as NATS
+
+from proto import names as n
+from services.client.api import TesseraClient
+from shared.config import Settings
+from shared.metadata import MetadataStore
+from shared.objectstore import ObjectStore
+from tests.e2e.conftest import reference_png
+from tests.e2e.flows import request, result_bytes, settle, submit
+from tests.harness import ServiceProcesses
+from tests.helpers import eventually
+from tests.ops.conftest import CliRunner, metric, scrape, start_with_port, value, wait_ready
+
+
+async def test_lost_lease_then_takeover_and_top_shows_the_tile(
+    services: ServiceProcesses,
+    client: TesseraClient,
+    db: MetadataStore,
+    objects: ObjectStore,
+    nc: NATS,
+    e2e_settings: Settings,
+    tessera: CliRunner,
+) -> None:
+    for service in ("gateway", "scheduler", "finalizer"):
+        services.start(service)
+    worker, port = start_with_port(services, "worker", name="worker-1")
+    await wait_ready(port, worker)
+    body = request(width=16, height=16, spp=16000, tile_size=16)
+    job_id = (await submit(client, body))["job_id"]
+
+    async def rendering() -> bool:
+        tile = await db.get_tile(job_id, 0)
+        return tile is not None and tile.samples_done > 0
+
+    await eventually(rendering, timeout=60, what="the tile is rendering")
+    names = n.Names(e2e_settings.tuning.namespace)
+    top = await tessera("top", "--once")
+    assert top.status == 0, top.err
+    assert names.stream(n.STREAM_TILES) in top.out and "workers" in top.out
+    in_flight = top.out.split("IN FLIGHT", 1)[1]
+    assert job_id in in_flight and "worker-1" in in_flight, top.out
+
+    kv = await nc.jetstream().key_value(names.bucket(n.BUCKET_LEASES))
+    await kv.delete(n.lease_key_tile(job_id, 0))  # the owner's next renew is refused
+    failures = "tessera_lease_renewal_failures_total"
+
+    async def lost() -> bool:
+        return await metric(port, failures, kind="tile") == 1
+
+    await eventually(lost, timeout=30, what="the worker counts the lost lease")
+    status = await settle(client, job_id, services)
+    assert await result_bytes(objects, status) == reference_png(body)
+    w = await scrape(port)
+    assert value(w, "tessera_lease_takeovers_total") == 1, "the redelivery found the row leased"
+    assert value(w, "tessera_tile_attempts_total") == 2
+    assert value(w, "tessera_tiles_completed_total") == 1
