@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 from collections import OrderedDict
+from concurrent.futures import Executor
 
 import numpy as np
 
@@ -39,14 +42,20 @@ class SceneCache:
         self.size = size
         self._items: OrderedDict[str, kernel.Prepared] = OrderedDict()
 
-    def get(self, job: Job) -> kernel.Prepared:
-        """The prepared scene of ``job``; :class:`KernelFailure` if the kernel rejects it."""
+    async def get(self, job: Job, executor: Executor) -> kernel.Prepared:
+        """The prepared scene of ``job``; :class:`KernelFailure` if the kernel rejects it.
+
+        Preparing (flattening, building the BVH of a large mesh) runs on ``executor``, off the
+        event loop, so heartbeats of other tiles never wait for it.
+        """
         hit = self._items.get(job.job_id)
         if hit is not None:
             self._items.move_to_end(job.job_id)
             return hit
+        loop = asyncio.get_running_loop()
+        work = functools.partial(kernel.prepare, job.scene, job.frame, settings_of(job))
         try:
-            prepared = kernel.prepare(job.scene, job.frame, settings_of(job))
+            prepared = await loop.run_in_executor(executor, work)
         except (kernel.SceneError, ValueError, ArithmeticError) as exc:
             raise KernelFailure(f"scene rejected by the kernel: {exc}") from exc
         _check_finite(prepared)
