@@ -118,6 +118,32 @@ async def start_attempt(
     )
 
 
+ABANDONED = "lease_expired"
+"""``last_error_code`` of a tile taken over from owners that stopped renewing their lease."""
+
+
+async def open_attempts(
+    conn: Conn, job_id: str, tile_index: int, *, below: int
+) -> list[tuple[str, str]]:
+    """``(attempt_id, node)`` of the tile's attempts still open under a fence below ``below``.
+
+    At a takeover these are owners that died, froze or were cut off without settling: the
+    new owner's audit row names them, so the trail explains the takeover. Their rows stay open
+    for a frozen owner that wakes up to record its own outcome (``fenced``, ``lease_lost``).
+    """
+    rows = await conn.fetch(
+        """
+        SELECT attempt_id, node FROM attempts
+        WHERE job_id = $1 AND tile_index = $2 AND ended_at IS NULL AND fence < $3
+        ORDER BY started_at
+        """,
+        job_id,
+        tile_index,
+        below,
+    )
+    return [(row["attempt_id"], row["node"]) for row in rows]
+
+
 def outcome_of(value: AttemptOutcome | str) -> AttemptOutcome:
     """``value`` as an :class:`AttemptOutcome`, or :class:`ValidationError` naming the choices."""
     try:

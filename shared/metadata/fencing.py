@@ -12,6 +12,8 @@ owner taking over, which the trail must show); repeated PROGRESS updates are not
 
 from __future__ import annotations
 
+import dataclasses
+
 from shared.errors import NotFoundError
 from shared.lifecycle import (
     IllegalTransition,
@@ -70,6 +72,20 @@ async def fence(
     )
     if moved is None:
         raise CasMiss
+    abandoned = await audit.open_attempts(conn, job_id, tile_index, below=token)
+    lease_who = _with_detail(who, f"fence {token}")
+    if abandoned:  # the trail and the tile's last error say why it is rendered again
+        names = ", ".join(f"{a} on {node}" for a, node in abandoned)
+        why = f"took over from attempt {names}: its lease expired without a renew"
+        lease_who = dataclasses.replace(lease_who, error_code=audit.ABANDONED, error=why)
+        await conn.execute(
+            "UPDATE tiles SET last_error_code = $3, last_error = $4"
+            " WHERE job_id = $1 AND tile_index = $2",
+            job_id,
+            tile_index,
+            audit.ABANDONED,
+            why,
+        )
     await audit.start_attempt(
         conn,
         job_id,
@@ -79,7 +95,7 @@ async def fence(
         fence=token,
         resumed_from=resumed_from,
     )
-    await _audit(conn, tile, target, TileTrigger.LEASE, _with_detail(who, f"fence {token}"))
+    await _audit(conn, tile, target, TileTrigger.LEASE, lease_who)
     return True
 
 
