@@ -115,6 +115,15 @@ def job_msg_id(job_id: str, generation: int) -> str:
     return f"job:{check_token(job_id, 'job_id')}:{check_index(generation, 'generation')}"
 
 
+def swept_job_msg_id(job_id: str, generation: int, stamp: int) -> str:
+    """``Nats-Msg-Id`` of a JOBS message the sweeper re-publishes because none is in the stream.
+
+    The original id may still sit in the duplicate window even though its message is gone (a
+    work-queue stream remembers ids it already consumed), so the copy carries the sweep time.
+    """
+    return f"{job_msg_id(job_id, generation)}:swept:{check_index(stamp, 'stamp')}"
+
+
 def tile_msg_id(job_id: str, tile_index: int, generation: int) -> str:
     """``Nats-Msg-Id`` of a ``TILES`` message; the sweeper re-publishes with a new generation."""
     job = check_token(job_id, "job_id")

@@ -223,7 +223,7 @@ class TileRun:
         self, job: Job, tile: Tile, acc: Accumulator, progress: _Progress, beat: Heartbeat
     ) -> None:
         tuning = self.rt.settings.tuning
-        prepared = self.w.scenes.get(job)
+        prepared = await self.w.scenes.get(job, self.w.executor)
         rect = _rect(tile)
         last_checkpoint = time.monotonic()
         while progress.samples < job.spp:

@@ -131,6 +131,22 @@ async def list_jobs(
     return [Job.from_record(row) for row in await conn.fetch(query, *args)]
 
 
+async def stale_queued(conn: Conn, *, older_than: float, limit: int) -> list[Job]:
+    """Queued, unplanned, not cancel-requested jobs not updated for ``older_than`` seconds."""
+    rows = await conn.fetch(
+        f"""
+        SELECT {_LIST_COLUMNS} FROM jobs
+        WHERE state = $1 AND tiles_total = 0 AND NOT cancel_requested
+          AND updated_at < now() - make_interval(secs => $2)
+        ORDER BY job_id LIMIT $3
+        """,
+        JobState.QUEUED.value,
+        older_than,
+        limit,
+    )
+    return [Job.from_record(row) for row in rows]
+
+
 def next_state(job_id: str, current: JobState, trigger: JobTrigger) -> JobState:
     """:func:`transition_job`, with the job named in the error."""
     try:

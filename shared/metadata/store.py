@@ -337,6 +337,14 @@ class MetadataStore(OpsStore):
             "stale_tiles", lambda c: tiles.stale(c, older_than=older_than, limit=limit)
         )
 
+    async def stale_queued_jobs(self, *, older_than: float, limit: int = 100) -> list[Job]:
+        """For the sweeper: jobs still ``queued`` with no tiles planned, untouched for more than
+        ``older_than`` seconds (their JOBS message was lost, e.g. a gateway died between the
+        insert and the publish), oldest first. Their scenes are left out of the rows."""
+        return await self._read(
+            "stale_queued_jobs", lambda c: jobs.stale_queued(c, older_than=older_than, limit=limit)
+        )
+
     async def job_events(self, job_id: str) -> list[AuditEvent]:
         """The job's audit trail (job and tile rows), oldest first."""
         return await self._read("job_events", lambda c: audit.events_of(c, job_id))

@@ -178,3 +178,25 @@ async def test_sweeper_republishes_a_deleted_tile_message(
     services.start("worker", name="worker-1")
     status = await settle(client, job_id, services)
     assert await result_bytes(objects, status) == reference_png(body)
+
+
+async def test_sweeper_republishes_a_lost_job_message(
+    services: ServiceProcesses,
+    client: TesseraClient,
+    objects: ObjectStore,
+    nc: NATS,
+    e2e_settings: Settings,
+) -> None:
+    services.start("gateway")
+    body = request(spp=2)
+    job_id = (await submit(client, body))["job_id"]
+    names = n.Names(e2e_settings.tuning.namespace)
+    js = nc.jetstream()
+    stream = names.stream(n.STREAM_JOBS)
+    lost = await js.get_last_msg(stream, names.job_subject(job_id))
+    assert lost.seq is not None
+    await js.delete_msg(stream, lost.seq)  # as if the gateway died before its publish landed
+    for service in ("scheduler", "worker", "finalizer"):
+        services.start(service)
+    status = await settle(client, job_id, services)
+    assert await result_bytes(objects, status) == reference_png(body)
