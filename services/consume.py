@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from nats.js.errors import ServerError, ServiceUnavailableError
 
 from shared.logs import Log
 
@@ -53,6 +54,12 @@ async def consume(
             except (TimeoutError, nats.errors.TimeoutError):
                 continue
             except (nats.errors.ConnectionReconnectingError, nats.errors.ConnectionClosedError):
+                await _pause(stop, fetch_wait)
+                continue
+            except (ServiceUnavailableError, ServerError) as exc:
+                # 503/500 while the consumer's stream elects a new leader (a cluster lost a
+                # node): the consumer comes back within seconds, so wait and pull again.
+                log.warning("fetch refused; retrying", stream=stream, error=repr(exc))
                 await _pause(stop, fetch_wait)
                 continue
             for msg in msgs:
