@@ -48,7 +48,9 @@ async def _attempts(what: str, step: Callable[[], Awaitable[T]]) -> T:
     for attempt in range(ATTEMPTS):
         try:
             return await step()
-        except (*_TRANSIENT, ServiceUnavailableError, _Mismatch) as exc:
+        except (*_TRANSIENT, ServiceUnavailableError, NotFoundError, _Mismatch) as exc:
+            # NotFound right after a create: on a cluster, another service's concurrent create
+            # is committed but the stream or consumer is not placed yet.
             last = exc
         await asyncio.sleep(0.05 * 2**attempt)
     if isinstance(last, _Mismatch):
@@ -118,7 +120,7 @@ async def _consumer_matches(js: JetStreamContext, stream: str, config: api.Consu
 
 
 def _config_error(what: str, exc: APIError) -> Exception:
-    if isinstance(exc, ServiceUnavailableError):
+    if isinstance(exc, ServiceUnavailableError | NotFoundError):  # retried by _attempts
         return exc
     return ConfigError(f"{what}: server refused config (err {exc.err_code}): {exc.description}")
 
