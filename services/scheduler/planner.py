@@ -13,7 +13,7 @@ import asyncio
 from nats.aio.msg import Msg
 
 from proto import names as n
-from proto.messages import JobMessage, TileMessage
+from proto.messages import JobMessage, TileDone, TileMessage
 from services.deadletter import dead_letter
 from shared import crash
 from shared.errors import RetryableError, TerminalError
@@ -70,7 +70,21 @@ class Planner:
         crash.crash_point("scheduler.after_plan")
         todo = [t for t in tiles if t.state not in _DONE_OR_TERMINAL]
         await publish_tiles(self.rt, todo)
+        if tiles and all(t.state is TileState.DONE for t in tiles):
+            await self._finalize_again(job_msg, tiles[-1], job.input_hash)
         self.log.info("planned", job_id=job.job_id, tiles=len(tiles), published=len(todo))
+
+    async def _finalize_again(self, job_msg: JobMessage, last: Tile, input_hash: str) -> None:
+        """Every tile is already done (a retried job whose finalization failed): hand the job
+        to the finalizer again with a tile-done event of this job generation."""
+        done = TileDone(job_msg.job_id, last.tile_index, "planner", last.result_key or "",
+                        input_hash)  # fmt: skip
+        await publish(
+            self.rt.js,
+            self.rt.names.event_subject(job_msg.job_id, n.EventKind.TILE_DONE),
+            done.encode(),
+            msg_id=f"{n.done_msg_id(job_msg.job_id, last.tile_index)}:gen{job_msg.generation}",
+        )
 
 
 async def publish_tiles(rt: Runtime, tiles: list[Tile], *, bump: bool = False) -> None:

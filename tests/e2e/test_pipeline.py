@@ -10,6 +10,7 @@ from proto import names as n
 from proto.messages import TileMessage
 from services.client.api import TesseraClient
 from shared.config import Settings
+from shared.lifecycle import JobTrigger
 from shared.metadata import MetadataStore
 from shared.objectstore import ObjectStore
 from tests.e2e.conftest import reference_png
@@ -200,3 +201,23 @@ async def test_sweeper_republishes_a_lost_job_message(
         services.start(service)
     status = await settle(client, job_id, services)
     assert await result_bytes(objects, status) == reference_png(body)
+
+
+async def test_retry_of_a_job_whose_finalization_failed_finalizes_it(
+    services: ServiceProcesses, client: TesseraClient, objects: ObjectStore, db: MetadataStore
+) -> None:
+    for service in ("gateway", "scheduler", "worker"):  # no finalizer: tiles finish, job waits
+        services.start(service)
+    body = request(spp=2)
+    job_id = (await submit(client, body))["job_id"]
+    await eventually(lambda: db.all_tiles_done(job_id), timeout=60, what="every tile done")
+    # The finalizer gave up on this job for good (as after a terminal finalization error):
+    failed = await db.transition_job(
+        job_id, JobTrigger.TERMINAL_FAILURE, error_code="kernel_failure", error="injected"
+    )
+    assert failed.state.value == "failed_terminal"
+    assert (await client.retry(job_id))["state"] == "queued"
+    services.start("finalizer")
+    status = await settle(client, job_id, services)
+    assert await result_bytes(objects, status) == reference_png(body)
+    assert status["generation"] == 1
