@@ -28,6 +28,7 @@ import random
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import nats.errors
 from nats.aio.client import Client
@@ -46,6 +47,7 @@ __all__ = [
     "ack_sync_retry",
     "connect_nats",
     "publish",
+    "redact_url",
     "retry_transient",
     "translate_api_error",
 ]
@@ -231,6 +233,14 @@ async def ack_sync_retry(
     )
 
 
+def redact_url(url: str) -> str:
+    """``url`` without the password of ``nats://user:password@host:port`` (for logs)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{parts.netloc.rsplit('@')[-1]}"))
+
+
 async def connect_nats(
     settings: Settings,
     *,
@@ -267,7 +277,8 @@ async def connect_nats(
 
     async def on_reconnected() -> None:
         url = client.connected_url
-        log.warning("NATS %s: reconnected to %s", name, url.netloc if url else "?")
+        where = f"{url.hostname}:{url.port}" if url else "?"  # never the credentials
+        log.warning("NATS %s: reconnected to %s", name, where)
 
     async def on_closed() -> None:
         log.info("NATS %s: connection closed", name)
@@ -289,6 +300,6 @@ async def connect_nats(
         await asyncio.wait_for(connect, connect_within)
     except (TimeoutError, OSError, nats.errors.Error) as exc:
         await client.close()
-        urls = ",".join(settings.nats_urls)
+        urls = ",".join(redact_url(u) for u in settings.nats_urls)
         raise StoreUnavailable(f"NATS at {urls} did not accept a connection: {exc!r}") from exc
     return client

@@ -11,7 +11,10 @@ from proto import names as n
 from services.client.api import TesseraClient
 from shared import natsauth
 from shared.config import Settings
+from shared.errors import StoreUnavailable
+from shared.jetstream import connect_nats, redact_url
 from shared.objectstore import ObjectStore
+from shared.procs import free_port
 from tests.deploy.conftest import REPO, AuthNats
 from tests.e2e.conftest import reference_png
 from tests.e2e.flows import request, result_bytes, settle, submit
@@ -110,3 +113,15 @@ def test_the_committed_server_config_is_the_generated_one() -> None:
     assert committed == natsauth.render_config(refs), (
         "regenerate deploy/nats/tessera-auth.conf: python -m shared.natsauth > ..."
     )
+
+
+async def test_credentials_stay_out_of_errors_and_logs(
+    e2e_settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"nats://worker:s3cret-pw@127.0.0.1:{free_port()}"  # nothing listens there
+    assert redact_url(url) == url.replace("s3cret-pw", "***")
+    env = e2e_settings.to_env() | {"TESSERA_NATS_URL": url}
+    with pytest.raises(StoreUnavailable) as failed:
+        await connect_nats(Settings.from_env(env), name="test", connect_within=1)
+    assert "s3cret-pw" not in str(failed.value) and "worker:***@" in str(failed.value)
+    assert "s3cret-pw" not in caplog.text
