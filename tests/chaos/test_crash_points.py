@@ -1,0 +1,68 @@
+"""Every named crash point, one SIGKILL each: the job still ends with the reference PNG.
+
+The armed service dies at the point (its log shows the point's line and its exit is SIGKILL),
+the supervisor restarts it without the crash variable, and redelivery (after ``ack_wait``)
+finishes the job. Tiny renders; FAST timings (lease TTL 2 s, ack_wait 4 s).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared import crash
+from tests.chaos.conftest import record
+from tests.chaos.invariants import check_job, summary_row
+from tests.chaos.rig import open_rig, tiny
+
+pytestmark = pytest.mark.chaos
+
+#: point -> (nth arrival, extra env for every service, request overrides)
+CASES: dict[str, tuple[int, dict[str, str], dict[str, Any]]] = {
+    "worker.before_lease": (1, {}, {}),
+    "worker.after_lease": (1, {}, {}),
+    # a checkpoint after every pass, so the third comes well before any tile is done
+    "worker.after_checkpoint": (3, {"TESSERA_CHECKPOINT_INTERVAL": "0"}, {"spp": 40}),
+    # renews every 50 ms; a tile of 800 spp lasts several of them
+    "worker.during_renew": (1, {"TESSERA_HEARTBEAT_INTERVAL": "0.05"}, {"spp": 800}),
+    "worker.after_result_write": (1, {}, {}),
+    "worker.after_commit": (1, {}, {}),
+    "worker.before_ack": (1, {}, {}),
+    "finalizer.after_finalizing": (1, {}, {}),
+    "finalizer.after_image_write": (1, {}, {}),
+    "finalizer.after_complete": (1, {}, {}),
+    "scheduler.after_plan": (1, {}, {}),
+}
+
+
+def test_every_point_has_a_scenario() -> None:
+    assert set(CASES) == crash.POINTS
+
+
+@pytest.mark.parametrize("point", sorted(CASES))
+async def test_crash_point(point: str, chaos_env: dict[str, str], tmp_path: Path) -> None:
+    nth, extra, overrides = CASES[point]
+    body = tiny(**overrides)
+    armed = {"TESSERA_CRASH_AT": f"{point}:{nth}"}
+    service = point.split(".")[0]
+    started = time.monotonic()
+    async with open_rig(chaos_env | extra, tmp_path / "logs", start=False) as rig:
+        for name in ("gateway", "scheduler", "finalizer"):
+            rig.procs.start(name, env=armed if name == service else None)
+        rig.procs.start("worker", name="worker-1", env=armed if service == "worker" else None)
+        rig.supervisor.start()
+        job_id = await rig.submit(body)
+        await rig.settle(job_id)
+        victim = "worker-1" if service == "worker" else service
+        # a point after the job's last write may fire just after the job looks settled
+        await rig.wait_for(lambda: (victim, -9) in rig.supervisor.exit_codes, timeout=10,
+                           what=f"{victim} died by SIGKILL and was restarted")  # fmt: skip
+        assert rig.crash_points_hit() == {point: 1}, rig.procs.logs()
+        report = await check_job(rig, job_id, body)
+        record(summary_row(point, [report], rig, time.monotonic() - started))
+        report.assert_ok()
+        if point == "worker.after_checkpoint":
+            assert report.resumes >= 1, "a tile with a checkpoint resumed from it"

@@ -1,0 +1,155 @@
+"""Scenarios on the session servers: a frozen owner, duplicate deliveries, a poison tile and a
+scene the kernel cannot render. Every one ends with the shared invariant checker."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+import kernel
+from proto import names as n
+from proto.messages import TileMessage
+from shared.metadata import Attempt
+from tests.chaos.conftest import record
+from tests.chaos.invariants import check_job, summary_row
+from tests.chaos.rig import DUPLICATE_MESSAGES, Rig, open_rig, tiny
+
+pytestmark = pytest.mark.chaos
+
+
+async def _tile_attempts(rig: Rig, job_id: str) -> list[Attempt]:
+    return [a for a in await rig.db.attempts(job_id) if a.kind == "tile"]
+
+
+async def test_a_frozen_worker_is_fenced_after_a_takeover(
+    chaos_env: dict[str, str], tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    body = tiny(width=16, height=16, spp=20000)  # one tile, several seconds of work
+    async with open_rig(chaos_env, tmp_path / "logs", workers=2) as rig:
+        job_id = await rig.submit(body)
+
+        async def rendering() -> Attempt | None:
+            tile = await rig.db.get_tile(job_id, 0)
+            attempts = await _tile_attempts(rig, job_id)
+            return attempts[0] if attempts and tile and tile.samples_done > 0 else None
+
+        first = await rig.wait_for(rendering, timeout=30, what="the tile has checkpointed")
+        rig.procs.pause(first.node)  # SIGSTOP: alive, silent, its lease runs out
+
+        async def taken_over() -> Attempt | None:
+            later = [a for a in await _tile_attempts(rig, job_id) if a.node != first.node]
+            return later[0] if later else None
+
+        second = await rig.wait_for(taken_over, timeout=20, what="another worker takes over")
+        assert second.fence > first.fence
+        rig.procs.resume(first.node)  # SIGCONT while the new owner renders
+
+        async def first_ended() -> Attempt | None:
+            mine = [
+                a for a in await _tile_attempts(rig, job_id) if a.attempt_id == first.attempt_id
+            ]
+            return mine[0] if mine and mine[0].ended_at is not None else None
+
+        await rig.settle(job_id)
+        ended = await rig.wait_for(first_ended, timeout=15, what="the frozen owner stops")
+        assert ended.outcome is not None and ended.outcome.value in ("lease_lost", "fenced")
+        assert rig.procs.procs[first.node].alive(), "the fenced worker keeps serving"
+        report = await check_job(rig, job_id, body)
+        record(summary_row("SIGSTOP owner past TTL", [report], rig, time.monotonic() - started))
+        report.assert_ok()
+        assert report.takeovers >= 1 and report.resumes >= 1
+
+
+async def test_the_same_tiles_delivered_twice_commit_once(
+    chaos_env: dict[str, str], tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    body = tiny(spp=3000)
+    async with open_rig(chaos_env, tmp_path / "logs", workers=2) as rig:
+        job_id = await rig.submit(body)
+
+        async def leased() -> bool:
+            return any(t.state.value in ("leased", "progressing")
+                       for t in await rig.db.list_tiles(job_id))  # fmt: skip
+
+        await rig.wait_for(leased, timeout=30, what="a tile is being rendered")
+        js, names = rig.nc.jetstream(), rig.names
+        for i in range(4):  # a copy of every tile under a new generation: not deduplicated
+            await js.publish(
+                names.tile_subject(job_id, i),
+                TileMessage(job_id, i, generation=7).encode(),
+                headers={"Nats-Msg-Id": n.tile_msg_id(job_id, i, 7)},
+            )
+        await rig.settle(job_id)
+
+        async def drained() -> bool:
+            info = await js.stream_info(names.stream(n.STREAM_TILES))
+            return info.state.messages == 0
+
+        await rig.wait_for(drained, timeout=30, what="every copy is consumed")
+        report = await check_job(rig, job_id, body)
+        record(summary_row("duplicate delivery", [report], rig, time.monotonic() - started))
+        report.assert_ok()
+        commits = [e for e in await rig.db.job_events(job_id) if e.to_state == "done"]
+        assert sorted(e.tile_index for e in commits if e.tile_index is not None) == [0, 1, 2, 3]
+        assert len(commits) == 4, "one commit per tile"
+        assert rig.count_logged(*DUPLICATE_MESSAGES) >= 4, "every copy was refused"
+
+
+async def test_a_poison_tile_is_dead_lettered_and_other_jobs_complete(
+    chaos_env: dict[str, str], tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    env = chaos_env | {"TESSERA_MAX_DELIVER": "3"}
+    armed = {"TESSERA_CRASH_AT": "worker.after_lease:1"}
+    async with open_rig(env, tmp_path / "logs", start=False) as rig:
+        for name in ("gateway", "scheduler", "finalizer"):
+            rig.procs.start(name)
+        rig.procs.start("worker", name="worker-1", env=armed)
+        rig.supervisor.sticky["worker-1"] = armed  # every restart dies on its first tile
+        rig.supervisor.start()
+        poison = await rig.submit(tiny(width=16, height=16, project="poison"))
+        status = await rig.settle(poison)
+        assert status["state"] == "dead_lettered", status
+        assert rig.crash_points_hit() == {"worker.after_lease": 3}
+        rig.supervisor.sticky.clear()  # the poison is gone: the next worker is healthy
+        rig.procs.kill("worker-1")
+        body = tiny()
+        healthy = await rig.submit(body)
+        await rig.settle(healthy)
+        letters = (await rig.client.dlq_list(job_id=poison))["dead_letters"]
+        assert [(d["reason"], d["deliveries"]) for d in letters] == [("max_deliveries", 3)]
+        assert "lease_expired" in letters[0]["error"], letters[0]
+        reports = [
+            await check_job(rig, poison, None, expect="dead_lettered", reason="max_deliveries"),
+            await check_job(rig, healthy, body),
+        ]
+        record(summary_row("poison tile (max_deliver 3)", reports, rig,
+                           time.monotonic() - started))  # fmt: skip
+        for r in reports:
+            r.assert_ok()
+        assert reports[0].dlq == 1 and reports[0].takeovers == 2
+
+
+async def test_a_scene_the_kernel_cannot_render_fails_terminally_without_retries(
+    chaos_env: dict[str, str], tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    scene = kernel.builtin_scene("spheres")
+    scene["camera"]["up"] = [1e-200, 0, 0]  # validates, but its norm underflows to 0
+    body = tiny(scene=scene, project="degenerate")
+    async with open_rig(chaos_env, tmp_path / "logs") as rig:
+        job_id = await rig.submit(body)
+        status = await rig.settle(job_id)
+        assert status["state"] == "failed_terminal", status
+        report = await check_job(rig, job_id, None, expect="failed_terminal",
+                                 reason="kernel_failure")  # fmt: skip
+        record(summary_row("kernel failure", [report], rig, time.monotonic() - started))
+        report.assert_ok()
+        attempts = await _tile_attempts(rig, job_id)
+        assert attempts and {a.outcome.value for a in attempts if a.outcome} == {"terminal"}
+        assert report.retries == 0 and report.takeovers == 0 and report.dlq == len(attempts)
+        assert "non-finite camera" in (status["last_error"] or "")
