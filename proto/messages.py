@@ -94,9 +94,16 @@ class Message:
             raise DecodeError(f"{name}: {exc}") from exc
 
 
+_FIELD_TYPES: dict[type, dict[str, Any]] = {}
+"""Resolved field types per message class: resolving annotations is dearer than decoding."""
+
+
 def _field_types(cls: type) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+    cached = _FIELD_TYPES.get(cls)
+    if cached is None:
+        hints = typing.get_type_hints(cls)
+        cached = _FIELD_TYPES[cls] = {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+    return cached
 
 
 def _defaults(cls: type) -> set[str]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from shared.errors import NotFoundError
 from shared.lifecycle import (
     IllegalTransition,
     JobState,
@@ -29,7 +28,7 @@ from shared.metadata import audit, jobs
 from shared.metadata.audit import Conn, Who
 from shared.metadata.jobs import CasMiss
 from shared.metadata.models import AttemptOutcome, CommitOutcome, Tile
-from shared.metadata.tiles import require_tile
+from shared.metadata.tiles import require_tile, require_tile_and_job
 
 
 async def fence(
@@ -43,19 +42,16 @@ async def fence(
     resumed_from: int,
 ) -> bool:
     """LEASE the tile for ``token`` if it is larger than the current fence (see the store)."""
-    job = await conn.fetchrow("SELECT state, cancel_requested FROM jobs WHERE job_id = $1", job_id)
-    if job is None:
-        raise NotFoundError(f"job {job_id} does not exist")
-    job_state = JobState(job["state"])
-    tile = await require_tile(conn, job_id, tile_index)
-    if job["cancel_requested"] or is_terminal(job_state) or tile.lease_fence >= token:
+    tile, job_state, cancel_requested = await require_tile_and_job(conn, job_id, tile_index)
+    if cancel_requested or is_terminal(job_state) or tile.lease_fence >= token:
         return False
     try:
         target = transition_tile(tile.state, TileTrigger.LEASE)
-        transition_job(job_state, JobTrigger.TILE_STARTED)
+        job_target = transition_job(job_state, JobTrigger.TILE_STARTED)
     except IllegalTransition:
         return False
-    await jobs.cas_job(conn, job_id, job_state, JobTrigger.TILE_STARTED, who)
+    if job_target != job_state:  # a self-loop writes nothing: the state was just read here
+        await jobs.cas_job(conn, job_id, job_state, JobTrigger.TILE_STARTED, who)
     moved = await conn.fetchval(
         """
         UPDATE tiles SET lease_fence = $3, state = $5, samples_done = $6,
@@ -72,31 +68,37 @@ async def fence(
     )
     if moved is None:
         raise CasMiss
-    abandoned = await audit.open_attempts(conn, job_id, tile_index, below=token)
-    lease_who = _with_detail(who, f"fence {token}")
-    if abandoned:  # the trail and the tile's last error say why it is rendered again
-        names = ", ".join(f"{a} on {node}" for a, node in abandoned)
-        why = f"took over from attempt {names}: its lease expired without a renew"
-        lease_who = dataclasses.replace(lease_who, error_code=audit.ABANDONED, error=why)
-        await conn.execute(
-            "UPDATE tiles SET last_error_code = $3, last_error = $4"
-            " WHERE job_id = $1 AND tile_index = $2",
-            job_id,
-            tile_index,
-            audit.ABANDONED,
-            why,
-        )
-    await audit.start_attempt(
+    lease_who = _with_detail(Who(who.node, attempt_id), f"fence {token}")
+    if tile.attempt_count:  # only a tile leased before can have open attempts to supersede
+        lease_who = await _supersede(conn, tile, token, lease_who)
+    await audit.start_tile_attempt(
         conn,
-        job_id,
-        tile_index,
-        attempt_id=attempt_id,
-        node=who.node,
+        tile,
+        to_state=target.value,
+        trigger=TileTrigger.LEASE.value,
         fence=token,
         resumed_from=resumed_from,
+        who=lease_who,
     )
-    await _audit(conn, tile, target, TileTrigger.LEASE, lease_who)
     return True
+
+
+async def _supersede(conn: Conn, tile: Tile, token: int, who: Who) -> Who:
+    """Name the open attempts a takeover supersedes, in the trail and the tile's last error."""
+    abandoned = await audit.open_attempts(conn, tile.job_id, tile.tile_index, below=token)
+    if not abandoned:
+        return who
+    names = ", ".join(f"{a} on {node}" for a, node in abandoned)
+    why = f"took over from attempt {names}: its lease expired without a renew"
+    await conn.execute(
+        "UPDATE tiles SET last_error_code = $3, last_error = $4"
+        " WHERE job_id = $1 AND tile_index = $2",
+        tile.job_id,
+        tile.tile_index,
+        audit.ABANDONED,
+        why,
+    )
+    return dataclasses.replace(who, error_code=audit.ABANDONED, error=why)
 
 
 async def progress(
@@ -142,7 +144,7 @@ async def commit(
     who: Who,
 ) -> CommitOutcome:
     """The fenced commit: COMMIT the tile, close the attempt, TILE_PROGRESS the job."""
-    tile = await require_tile(conn, job_id, tile_index)
+    tile, job_state, _ = await require_tile_and_job(conn, job_id, tile_index)
     if tile.state == TileState.DONE or tile.lease_fence != token:
         await audit.end_attempt(conn, who.attempt_id, AttemptOutcome.FENCED)
         done = tile.state == TileState.DONE
@@ -152,7 +154,7 @@ async def commit(
     except IllegalTransition:  # the fence is ours but the lease was lost or handed back
         await audit.end_attempt(conn, who.attempt_id, AttemptOutcome.FENCED)
         return CommitOutcome.FENCED
-    await jobs.try_move_job(conn, job_id, JobTrigger.TILE_PROGRESS, Who(who.node, who.attempt_id))
+    await _progress_job(conn, job_id, job_state, Who(who.node, who.attempt_id))
     moved = await conn.fetchval(
         """
         UPDATE tiles SET state = $5, result_key = $6, result_sha256 = $7, samples_done = $8,
@@ -171,9 +173,25 @@ async def commit(
     )
     if moved is None:
         raise CasMiss
-    await audit.end_attempt(conn, who.attempt_id, AttemptOutcome.DONE)
-    await _audit(conn, tile, target, TileTrigger.COMMIT, who)
+    await audit.end_tile_attempt(
+        conn,
+        tile,
+        to_state=target.value,
+        trigger=TileTrigger.COMMIT.value,
+        outcome=AttemptOutcome.DONE,
+        who=who,
+    )
     return CommitOutcome.COMMITTED
+
+
+async def _progress_job(conn: Conn, job_id: str, state: JobState, who: Who) -> None:
+    """TILE_PROGRESS the job if its state (read in this transaction) moves by it at all."""
+    try:
+        target = transition_job(state, JobTrigger.TILE_PROGRESS)
+    except IllegalTransition:
+        return  # e.g. the job is already terminal: the tile's commit still stands
+    if target != state:
+        await jobs.cas_job(conn, job_id, state, JobTrigger.TILE_PROGRESS, who)
 
 
 async def fail(

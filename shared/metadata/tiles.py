@@ -43,6 +43,24 @@ async def require_tile(conn: Conn, job_id: str, tile_index: int) -> Tile:
     return tile
 
 
+async def require_tile_and_job(
+    conn: Conn, job_id: str, tile_index: int
+) -> tuple[Tile, JobState, bool]:
+    """The tile, its job's state and cancel flag, in one round trip (the owner's hot path)."""
+    row = await conn.fetchrow(
+        """
+        SELECT t.*, j.state AS job_state, j.cancel_requested AS job_cancel_requested
+        FROM tiles t JOIN jobs j ON j.job_id = t.job_id
+        WHERE t.job_id = $1 AND t.tile_index = $2
+        """,
+        job_id,
+        tile_index,
+    )
+    if row is None:
+        raise NotFoundError(f"tile {tile_index} of job {job_id} does not exist")
+    return Tile.from_record(row), JobState(row["job_state"]), bool(row["job_cancel_requested"])
+
+
 async def list_tiles(conn: Conn, job_id: str) -> list[Tile]:
     """The job's tiles in index order."""
     rows = await conn.fetch("SELECT * FROM tiles WHERE job_id = $1 ORDER BY tile_index", job_id)

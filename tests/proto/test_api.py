@@ -70,7 +70,7 @@ def test_near_miss_submit_bodies(body: dict[str, Any]) -> None:
 
 def test_valid_submit_applies_defaults_and_round_trips() -> None:
     request = submit(height=48.0)
-    assert (request.frame, request.tile_size, request.max_depth, request.seed) == (0, 64, 8, 0)
+    assert (request.frame, request.tile_size, request.max_depth, request.seed) == (0, 64, 64, 0)
     assert request.height == 48 and isinstance(request.height, int)
     assert decode_request(encode_request(request), None, SubmitRequest) == request
     assert decode_request(packed(request.to_body()), MSGPACK, SubmitRequest) == request

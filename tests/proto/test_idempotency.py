@@ -28,7 +28,7 @@ def req(**changes: Any) -> SubmitRequest:
 
 
 def test_defaults_key_order_and_float_forms_do_not_change_the_key() -> None:
-    explicit = req(frame=0, tile_size=64, max_depth=8, seed=0)
+    explicit = req(frame=0, tile_size=64, max_depth=64, seed=0)
     reordered = {"camera": {"fov": 40.0}, "objects": [{"sphere": {"r": 0.5, "c": [0.0, 1, -2]}}]}
     body = dumped({"spp": 8, "height": 64, "width": 64, "scene": reordered, "project": "demo"})
     parsed = decode_request(body, None, SubmitRequest)
