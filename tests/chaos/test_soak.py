@@ -42,7 +42,8 @@ async def _chaos(
         body = tiny(frame=len(bodies), spp=rng.choice((200, 1000, 3000)))
         bodies.append(body)
         jobs.append(await rig.submit(body))
-        name = rng.choice(sorted(rig.procs.procs))
+        names = sorted(rig.procs.procs)
+        name = rng.choice(names + [m for m in names if m.startswith("worker")])  # workers 2x
         if rig.procs.procs[name].alive():
             service = name.split("-")[0]
             points = sorted(p for p in crash.POINTS if p.startswith(f"{service}."))
@@ -60,7 +61,8 @@ async def test_soak(chaos_env: dict[str, str], tmp_path: Path) -> None:
     rng = random.Random(SEED)
     started = time.monotonic()
     bodies: list[dict[str, Any]] = []
-    async with open_rig(chaos_env, tmp_path / "logs", workers=2) as rig:
+    env = chaos_env | {"TESSERA_CHECKPOINT_INTERVAL": "0.05"}  # a kill mid-tile can resume
+    async with open_rig(env, tmp_path / "logs", workers=2) as rig:
         rig.supervisor.max_restarts = 1000
         jobs, kills = await _chaos(rig, rng, bodies)
         rig.supervisor.once.clear()  # drain: whatever dies now comes back clean
