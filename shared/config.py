@@ -71,7 +71,7 @@ class Tuning:
     #: redelivered: just after its lease expired.
     ack_wait: int = 12
     #: deliveries of one tile message before it is dead-lettered
-    max_deliver: int = 5
+    max_deliver: int = 10
     #: seconds between checkpoints of a tile's accumulator
     checkpoint_interval: float = 5.0
     #: samples per pixel rendered between two heartbeats/cancel checks
@@ -85,7 +85,7 @@ class Tuning:
     sweep_age: float = 60.0
     #: retry backoff: base and cap of the exponential delay for ``nak(delay=...)``
     retry_base: float = 1.0
-    retry_cap: float = 30.0
+    retry_cap: float = 60.0
     #: default tile edge in pixels when a request names none
     default_tile: int = 64
     #: SIGTERM grace period: in-flight tiles are checkpointed and handed back within it
