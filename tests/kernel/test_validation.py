@@ -88,7 +88,7 @@ def test_mesh_errors() -> None:
         "indices": [[0, 1, 2]],
         "material": "white",
     }
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"indices": [[0, 1, 3]]}, r"meshes\[0\].indices\[0\]\[2\] must be >= 0 and < 3"),
         ({"indices": [[0, 1, 1.5]]}, r"meshes\[0\].indices\[0\]\[2\] must be an integer"),
         ({"indices": []}, r"meshes\[0\].indices must have at least 1 entry"),
