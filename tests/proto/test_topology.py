@@ -33,7 +33,14 @@ async def eventually(check: Callable[[], Awaitable[bool]], within: float = 10.0)
 
 
 async def stream_names(js: JetStreamContext) -> set[str]:
-    return {i.config.name for i in await js.streams_info() if i.config.name}
+    """Every stream on the server: the list API answers a page at a time (256 streams), and a
+    session's tests create many more than that."""
+    names: set[str] = set()
+    offset = 0
+    while page := await js.streams_info(offset=offset):
+        names |= {i.config.name for i in page if i.config.name}
+        offset += len(page)
+    return names
 
 
 async def assert_topology(js: JetStreamContext, topo: Topology) -> None:
