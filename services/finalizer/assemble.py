@@ -90,9 +90,13 @@ class Finalizer:
     async def finalize(self, job_id: str, msg: Msg | None) -> bool:
         """Finalize ``job_id`` if it is ready; False when the message must be retried later."""
         db = self.rt.db
-        job = await db.get_job(job_id)
-        if job is None or job.state in _SETTLED or not await db.all_tiles_done(job_id):
+        # The cheap question first: most tile-done events arrive while other tiles still run,
+        # and the job row carries the whole scene document.
+        if not await db.all_tiles_done(job_id):
             return True  # nothing to do now; the last tile's event will come
+        job = await db.get_job(job_id)
+        if job is None or job.state in _SETTLED:
+            return True
         attempt_id = uuid.uuid4().hex
         owner = LeaseOwner(node=self.rt.node, attempt_id=attempt_id)
         lease = await self.rt.leases.acquire(n.lease_key_final(job_id), owner)
