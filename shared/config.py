@@ -76,7 +76,8 @@ class Tuning:
     checkpoint_interval: float = 5.0
     #: samples per pixel rendered between two heartbeats/cancel checks
     samples_per_pass: int = 4
-    #: concurrent tiles per worker process (0 = number of cores)
+    #: kernel threads per worker process (0 = number of cores); the worker holds twice as many
+    #: tiles, so renderers never wait for a tile's commit I/O
     worker_slots: int = 0
     #: a tile whose passes stop advancing for this long is aborted (progress watchdog)
     progress_timeout: float = 120.0

@@ -36,6 +36,10 @@ class Worker:
         self.log = rt.log.bind(component="worker")
         self.slots = rt.settings.tuning.worker_slots or os.cpu_count() or 1
         self.executor = ThreadPoolExecutor(self.slots, thread_name_prefix="kernel")
+        # Tiles in hand: twice the renderers, so while one tile of a slot does its I/O (result
+        # write, fenced commit, tile-done, release, ack; then fetch, lease, fence the next) the
+        # other's passes keep the core busy. Passes of the tiles in hand share the threads.
+        self.in_hand = 2 * self.slots
         self.scenes = SceneCache()
         self.handing_back = asyncio.Event()
         #: jobs announced cancelled (job-cancelled events); bounded, oldest forgotten first
@@ -55,7 +59,7 @@ class Worker:
                 stream=self.rt.names.stream(n.STREAM_TILES),
                 durable=n.CONSUMER_WORKERS,
                 handler=self.handle,
-                slots=self.slots,
+                slots=self.in_hand,
                 stop=stop,
                 log=self.log,
                 grace=self.rt.settings.tuning.grace_period,
