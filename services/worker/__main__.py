@@ -11,6 +11,9 @@ from shared.runtime import Runtime, service_main
 
 async def run(rt: Runtime, stop: asyncio.Event) -> None:
     """Render tiles until ``stop``."""
+    # Kernel threads re-take the GIL after every pass; a short switch interval keeps them from
+    # waiting up to 5 ms behind the event loop (measured: about 1 % of a full-frame job).
+    sys.setswitchinterval(0.0005)
     await Worker(rt).run(stop)
 
 
