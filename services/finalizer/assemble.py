@@ -20,11 +20,12 @@ from nats.aio.msg import Msg
 import kernel
 from proto import names as n
 from proto.messages import JobEvent, TileDone
+from services.announce import announce
 from services.deadletter import dead_letter
 from services.worker.heartbeat import Heartbeat
 from shared import crash
 from shared.errors import DecodeError, RetryableError, TerminalError
-from shared.jetstream import ack_sync_retry, publish
+from shared.jetstream import ack_sync_retry
 from shared.leases import LeaseOwner
 from shared.lifecycle import IllegalTransition, JobState, JobTrigger
 from shared.metadata import Job
@@ -147,7 +148,7 @@ class Finalizer:
             node=node,
             attempt_id=attempt_id,
         )
-        await self._announce(job, JobEvent(job.job_id, n.EventKind.JOB_COMPLETED,
+        await announce(self.rt, JobEvent(job.job_id, n.EventKind.JOB_COMPLETED,
                                            job.generation, png_sha, png_key))  # fmt: skip
         crash.crash_point("finalizer.after_complete")
         await db.end_attempt(attempt_id, outcome="done")
@@ -173,21 +174,12 @@ class Finalizer:
             parts.append((rect, from_npy(data, rect)))
         return assemble(job.width, job.height, parts)
 
-    async def _announce(self, job: Job, event: JobEvent) -> None:
-        ack = await publish(
-            self.rt.js,
-            self.rt.names.event_subject(job.job_id, event.kind),
-            event.encode(),
-            msg_id=n.event_msg_id(job.job_id, event.kind, job.generation),
-        )
-        self.rt.metrics.published(ack)
-
     async def _fail(self, job_id: str, exc: TerminalError) -> None:
         job = await self.rt.db.transition_job(
             job_id, JobTrigger.TERMINAL_FAILURE, node=self.rt.node, error_code=exc.code,
             error=str(exc),
         )  # fmt: skip
-        await self._announce(job, JobEvent(job_id, n.EventKind.JOB_FAILED, job.generation,
+        await announce(self.rt, JobEvent(job_id, n.EventKind.JOB_FAILED, job.generation,
                                            str(exc)[:4000]))  # fmt: skip
 
 

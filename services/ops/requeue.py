@@ -37,6 +37,7 @@ from nats.js.errors import NotFoundError as JsNotFound
 
 from proto import names as n
 from proto.messages import DeadLetter, JobEvent, JobMessage
+from services.announce import announce
 from services.deadletter import UNKNOWN_JOB
 from services.scheduler.planner import publish_tiles
 from shared.errors import DecodeError
@@ -166,11 +167,7 @@ class Requeuer:
         await self._publish_job(job)
         kind = n.EventKind.JOB_RETRIED
         event = JobEvent(job.job_id, kind, job.generation, f"dlq requeue, gen {job.generation}")
-        ack = await publish(
-            self.rt.js, self.rt.names.event_subject(job.job_id, kind), event.encode(),
-            msg_id=n.event_msg_id(job.job_id, kind, job.generation),
-        )  # fmt: skip
-        self.rt.metrics.published(ack)
+        await announce(self.rt, event)
 
     async def _publish_job(self, job: Job) -> None:
         ack = await publish(

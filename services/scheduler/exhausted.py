@@ -15,9 +15,10 @@ from nats.js.errors import NotFoundError as StreamMsgNotFound
 
 from proto import names as n
 from proto.messages import JobEvent, JobMessage, TileDone, TileMessage
+from services.announce import announce
 from services.deadletter import dead_letter_raw
 from shared.errors import DecodeError, RetryableError
-from shared.jetstream import ack_sync_retry, publish
+from shared.jetstream import ack_sync_retry
 from shared.lifecycle import IllegalTransition, JobTrigger, TileTrigger, is_terminal
 from shared.metadata import AttemptOutcome
 from shared.retry import backoff
@@ -125,10 +126,5 @@ class Exhausted:
             )
         except IllegalTransition:
             return
-        event = JobEvent(job_id, n.EventKind.JOB_DEAD_LETTERED, job.generation, error[:4000])
-        await publish(
-            self.rt.js,
-            self.rt.names.event_subject(job_id, n.EventKind.JOB_DEAD_LETTERED),
-            event.encode(),
-            msg_id=n.event_msg_id(job_id, n.EventKind.JOB_DEAD_LETTERED, job.generation),
-        )
+        kind = n.EventKind.JOB_DEAD_LETTERED
+        await announce(self.rt, JobEvent(job_id, kind, job.generation, error[:4000]))

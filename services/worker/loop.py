@@ -11,11 +11,11 @@ from nats.aio.msg import Msg
 
 from proto import names as n
 from proto.messages import JobEvent
+from services.announce import announce
 from services.consume import consume
 from services.worker.scenes import SceneCache
 from services.worker.tile import TileRun
 from shared.errors import TesseraError
-from shared.jetstream import publish
 from shared.lifecycle import IllegalTransition, JobTrigger, is_terminal
 from shared.metadata import Job
 from shared.runtime import Runtime
@@ -104,10 +104,4 @@ class Worker:
             return
         self.log.warning("job failed", job_id=job_id, to=job.state.value, code=exc.code)
         kind = _EVENT_FOR[trigger]
-        event = JobEvent(job_id, kind, job.generation, str(exc)[:4000])
-        await publish(
-            self.rt.js,
-            self.rt.names.event_subject(job_id, kind),
-            event.encode(),
-            msg_id=n.event_msg_id(job_id, kind, job.generation),
-        )
+        await announce(self.rt, JobEvent(job_id, kind, job.generation, str(exc)[:4000]))

@@ -124,6 +124,22 @@ _EVENT_COLUMNS = (
 )
 
 
+def _tile_event(tile: Tile, to_state: str, trigger: str, who: Who) -> tuple[object, ...]:
+    """Parameters $1..$10 of a tile's ``job_events`` row in the combined statements below."""
+    return (
+        tile.job_id,
+        tile.tile_index,
+        who.attempt_id,
+        who.node,
+        tile.state.value,
+        to_state,
+        trigger,
+        who.error_code,
+        who.error,
+        who.detail,
+    )
+
+
 async def start_tile_attempt(
     conn: Conn,
     tile: Tile,
@@ -146,16 +162,7 @@ async def start_tile_attempt(
         INSERT INTO job_events ({_EVENT_COLUMNS})
         VALUES ($1, $2, $3, $4, 'tile', $5, $6, $7, $8, $9, $10)
         """,
-        tile.job_id,
-        tile.tile_index,
-        who.attempt_id,
-        who.node,
-        tile.state.value,
-        to_state,
-        trigger,
-        who.error_code,
-        who.error,
-        who.detail,
+        *_tile_event(tile, to_state, trigger, who),
         fence,
         resumed_from,
     )
@@ -175,16 +182,7 @@ async def end_tile_attempt(
         INSERT INTO job_events ({_EVENT_COLUMNS})
         VALUES ($1, $2, $3, $4, 'tile', $5, $6, $7, $8, $9, $10)
         """,
-        tile.job_id,
-        tile.tile_index,
-        who.attempt_id,
-        who.node,
-        tile.state.value,
-        to_state,
-        trigger,
-        who.error_code,
-        who.error,
-        who.detail,
+        *_tile_event(tile, to_state, trigger, who),
         outcome.value,
     )
 
