@@ -19,6 +19,7 @@ POINTS = frozenset(
     {
         "worker.before_lease",
         "worker.after_lease",  # after the lease and fence, before the first checkpoint
+        "worker.before_pointer",  # a checkpoint object written, the pointer not yet moved to it
         "worker.after_checkpoint",
         "worker.during_renew",  # between the renew request and its reply being used
         "worker.after_result_write",  # tile result in the object store, not yet committed

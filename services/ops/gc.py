@@ -1,9 +1,9 @@
 """``tessera gc``: delete orphaned checkpoints and stale temporary files, never a result.
 
-A checkpoint (``checkpoints/<job>/<tile>/<attempt>.npy``) older than the threshold is garbage if
-its job no longer exists or is terminal, its tile is done (or otherwise terminal), or the tile's
-progress pointer does not name it (a superseded checkpoint, or one whose clean-up failed). The
-threshold protects a checkpoint written a moment ago whose pointer is not yet written.
+A checkpoint (``checkpoints/<job>/<tile>/<attempt>-<samples>.npy``) older than the threshold is
+garbage if its job no longer exists or is terminal, its tile is done (or otherwise terminal), or
+the tile's progress pointer does not name it (a superseded checkpoint, or one whose clean-up
+failed). The threshold protects a checkpoint written a moment ago whose pointer is not yet written.
 A stale temporary file is a hidden ``.<name>.<random>.tmp`` of the directory store left by a
 crash inside ``put`` (S3 puts are atomic and leave none).
 

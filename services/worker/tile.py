@@ -269,8 +269,9 @@ class TileRun:
         self, job: Job, tile: Tile, acc: Accumulator, progress: _Progress, token: int
     ) -> None:
         """Accumulator to the object store, then the pointer, then the row (fenced)."""
-        key = checkpoint_key(job.job_id, tile.tile_index, self.attempt_id)
+        key = checkpoint_key(job.job_id, tile.tile_index, self.attempt_id, progress.samples)
         await self.rt.store.put(key, to_npy(acc))
+        crash.crash_point("worker.before_pointer")
         pointer = ProgressPointer(job.input_hash, progress.samples, key, self.attempt_id)
         pkey = n.progress_key(job.job_id, tile.tile_index)
         try:

@@ -20,11 +20,17 @@ from shared.objectstore.base import check_sha256
 RENDER_EXTENSIONS = frozenset({"png", "npy"})
 
 
-def checkpoint_key(job_id: str, tile_index: int, attempt_id: str) -> str:
-    """Key of one attempt's checkpoint of one tile."""
+def checkpoint_key(job_id: str, tile_index: int, attempt_id: str, samples: int) -> str:
+    """Key of one checkpoint of one tile: ``samples`` per pixel by one attempt.
+
+    Every checkpoint gets a key of its own, never overwritten: a pointer names exactly the
+    bytes of the samples it records, even when a crash lands between writing a new checkpoint
+    and moving the pointer to it (the old one is deleted only after the pointer moved).
+    """
     job = check_token(job_id, "job_id")
     tile = check_index(tile_index, "tile_index")
-    return f"checkpoints/{job}/{tile}/{check_token(attempt_id, 'attempt_id')}.npy"
+    attempt = check_token(attempt_id, "attempt_id")
+    return f"checkpoints/{job}/{tile}/{attempt}-{check_index(samples, 'samples')}.npy"
 
 
 def tile_result_key(job_id: str, tile_index: int, sha256: str) -> str:

@@ -26,6 +26,10 @@ CASES: dict[str, tuple[int, dict[str, str], dict[str, Any]]] = {
     "worker.after_lease": (1, {}, {}),
     # a checkpoint after every pass, so the third comes well before any tile is done
     "worker.after_checkpoint": (3, {"TESSERA_CHECKPOINT_INTERVAL": "0"}, {"spp": 40}),
+    # a new checkpoint is written but the pointer still names the previous one: the resume
+    # must load exactly the samples the pointer records (every checkpoint has its own key).
+    # The 9th checkpoint: a worker holds several tiles, so the first ones are each tile's first.
+    "worker.before_pointer": (9, {"TESSERA_CHECKPOINT_INTERVAL": "0"}, {"spp": 40}),
     # renews every 50 ms; a tile of 800 spp lasts several of them
     "worker.during_renew": (1, {"TESSERA_HEARTBEAT_INTERVAL": "0.05"}, {"spp": 800}),
     "worker.after_result_write": (1, {}, {}),
@@ -64,5 +68,5 @@ async def test_crash_point(point: str, chaos_env: dict[str, str], tmp_path: Path
         report = await check_job(rig, job_id, body)
         record(summary_row(point, [report], rig, time.monotonic() - started))
         report.assert_ok()
-        if point == "worker.after_checkpoint":
+        if point in ("worker.after_checkpoint", "worker.before_pointer"):
             assert report.resumes >= 1, "a tile with a checkpoint resumed from it"

@@ -65,7 +65,7 @@ async def _gc_spares_results(
     tessera: CliRunner, objects: ObjectStore, job_id: str, status: dict[str, Any]
 ) -> None:
     assert isinstance(objects, DirectoryStore)
-    stale, fresh = (checkpoint_key(job_id, 0, uuid.uuid4().hex) for _ in range(2))
+    stale, fresh = (checkpoint_key(job_id, 0, uuid.uuid4().hex, 8) for _ in range(2))
     for key in (stale, fresh):
         await objects.put(key, b"an orphaned checkpoint")
     temp = objects.root / "tiles" / f".x.npy.{uuid.uuid4().hex}.tmp"

@@ -162,14 +162,15 @@ async def test_bad_keys_are_refused(store: ObjectStore, bad: str) -> None:
 def test_key_builders() -> None:
     sha = "0f" * 32
     job = "0190d5c4-7d2b-7c39-9c1e-8d7a2f5b1e11"
-    assert checkpoint_key(job, 3, "att-1") == f"checkpoints/{job}/3/att-1.npy"
+    assert checkpoint_key(job, 3, "att-1", 40) == f"checkpoints/{job}/3/att-1-40.npy"
     assert tile_result_key(job, 0, sha) == f"tiles/{job}/0/{sha}.npy"
     assert render_key(job, sha, "png") == f"renders/{job}/{sha}.png"
     assert render_key(job, sha, ".npy") == f"renders/{job}/{sha}.npy"
     for call in (
-        lambda: checkpoint_key("../x", 0, "a"),
-        lambda: checkpoint_key(job, -1, "a"),
-        lambda: checkpoint_key(job, 0, "a/b"),
+        lambda: checkpoint_key("../x", 0, "a", 1),
+        lambda: checkpoint_key(job, -1, "a", 1),
+        lambda: checkpoint_key(job, 0, "a/b", 1),
+        lambda: checkpoint_key(job, 0, "a", -1),
         lambda: tile_result_key(job, 0, "F" * 64),
         lambda: tile_result_key(job, True, sha),
         lambda: render_key(job, sha, "exe"),
