@@ -53,8 +53,6 @@ class Finalizer:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.log = rt.log.bind(component="finalizer")
-        self.completed = 0
-        self.failures = 0
 
     async def handle(self, msg: Msg) -> None:
         """One tile-done event: finalize its job if every tile is done; ack last."""
@@ -70,7 +68,6 @@ class Finalizer:
             self.log.info("job no longer finalizable", job_id=done.job_id, error=str(exc))
             settled = True
         except RetryableError as exc:
-            self.failures += 1
             self.rt.metrics.finalization_failures.labels(kind="retryable").inc()
             self.rt.metrics.retries.labels(code=exc.code).inc()
             delay = backoff(self.rt.retry, msg.metadata.num_delivered)
@@ -78,7 +75,6 @@ class Finalizer:
             await msg.nak(delay=delay)
             return
         except TerminalError as exc:
-            self.failures += 1
             self.rt.metrics.finalization_failures.labels(kind="terminal").inc()
             self.log.error("finalization failed for good", job_id=done.job_id, error=str(exc))
             await dead_letter(self.rt, msg, job_id=done.job_id, unit=n.DLQ_UNIT_FINAL, error=exc)
@@ -152,7 +148,6 @@ class Finalizer:
                                            job.generation, png_sha, png_key))  # fmt: skip
         crash.crash_point("finalizer.after_complete")
         await db.end_attempt(attempt_id, outcome="done")
-        self.completed += 1
         self._completed(job)
         self.rt.log.info("job completed", job_id=job.job_id, attempt_id=attempt_id,
                          result=png_key, sha256=png_sha)  # fmt: skip

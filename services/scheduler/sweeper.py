@@ -37,8 +37,6 @@ class Sweeper:
         self.rt = rt
         self.log = rt.log.bind(component="sweeper")
         self.stream = rt.names.stream(n.STREAM_TILES)
-        self.republished = 0
-        self.jobs_republished = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         """Sweep every ``sweep_interval`` until ``stop``."""
@@ -59,7 +57,6 @@ class Sweeper:
         lost = [t for t in stale if not await self._accounted_for(t)]
         if lost:
             await publish_tiles(self.rt, lost, bump=True)
-            self.republished += len(lost)
             self.rt.metrics.republished.inc(len(lost))
             for t in lost:
                 self.log.warning(
@@ -87,7 +84,6 @@ class Sweeper:
                 JobMessage(job.job_id, job.generation).encode(),
                 msg_id=n.swept_job_msg_id(job.job_id, job.generation, int(time.time())),
             )
-            self.jobs_republished += 1
             self.log.warning("re-published a lost job", job_id=job.job_id)
 
     async def _accounted_for(self, tile: Tile) -> bool:

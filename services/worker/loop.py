@@ -45,8 +45,6 @@ class Worker:
         #: jobs announced cancelled (job-cancelled events); bounded, oldest forgotten first
         self.cancelled: OrderedDict[str, None] = OrderedDict()
         self._jobs: OrderedDict[str, Job] = OrderedDict()
-        self.tiles_done = self.resumes = self.checkpoints = self.fenced = 0
-        self.samples_rendered = 0
 
     async def run(self, stop: asyncio.Event) -> None:
         """Work until ``stop``; then hand in-flight tiles back within the grace period."""

@@ -21,7 +21,6 @@ import contextlib
 import hashlib
 import time
 import uuid
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from nats.aio.msg import Msg
@@ -30,17 +29,18 @@ import kernel
 from proto import names as n
 from proto.messages import TileDone, TileMessage
 from services.deadletter import dead_letter
+from services.worker.checkpoints import Checkpoints, Progress
 from services.worker.heartbeat import Heartbeat
 from services.worker.scenes import KernelFailure
 from shared import crash
-from shared.errors import DecodeError, LeaseLost, NotFoundError, RetryableError, TerminalError
+from shared.errors import DecodeError, LeaseLost, RetryableError, TerminalError
 from shared.jetstream import ack_sync_retry, publish
-from shared.leases import Lease, LeaseOwner, ProgressPointer
+from shared.leases import Lease, LeaseOwner
 from shared.lifecycle import IllegalTransition, JobTrigger, TileState, TileTrigger, is_terminal
 from shared.metadata import CommitOutcome, Job, Tile
-from shared.objectstore import CorruptObject, checkpoint_key, tile_result_key
+from shared.objectstore import tile_result_key
 from shared.retry import backoff
-from shared.tiles import Accumulator, Rect, from_npy, to_npy, zeros_for
+from shared.tiles import Accumulator, Rect, to_npy
 
 if TYPE_CHECKING:
     from services.worker.loop import Worker
@@ -60,14 +60,6 @@ class _Stop(Exception):
     def __init__(self, why: str) -> None:
         super().__init__(why)
         self.why = why
-
-
-@dataclass
-class _Progress:
-    samples: int
-    pointer_revision: int | None
-    checkpoint: str | None
-    resumed_from: int
 
 
 class TileRun:
@@ -150,7 +142,8 @@ class TileRun:
 
     async def _leased(self, job: Job, tile: Tile, beat: Heartbeat) -> None:
         token = beat.lease.token
-        progress = await self._resume_point(job, tile)
+        self.checkpoints = Checkpoints(self.rt, job, tile, self.attempt_id, self.log)
+        progress = await self.checkpoints.resume_point()
         fenced = await self.rt.db.fence_tile(
             job.job_id,
             tile.tile_index,
@@ -168,7 +161,7 @@ class TileRun:
         self._acquired(tile, token)
         crash.crash_point("worker.after_lease")
         with self.rt.metrics.tiles_in_flight.track_inprogress():
-            acc = await self._load(job, tile, progress)
+            acc = await self.checkpoints.load(progress)
             try:
                 await self._render(job, tile, acc, progress, beat)
             except _Stop as stop:
@@ -189,38 +182,8 @@ class TileRun:
 
     # ------------------------------------------------------------------ steps 4-5
 
-    async def _resume_point(self, job: Job, tile: Tile) -> _Progress:
-        if tile.attempt_count == 0:
-            return _Progress(0, None, None, 0)  # never leased: no checkpoint can exist
-        key = n.progress_key(job.job_id, tile.tile_index)
-        found = await self.rt.progress.get(key)
-        if found is None:
-            return _Progress(0, None, None, 0)
-        pointer, rev = found
-        if pointer.input_hash != job.input_hash or not 0 < pointer.samples_done <= job.spp:
-            self.log.info("discarding a checkpoint of other inputs", samples=pointer.samples_done)
-            return _Progress(0, rev, None, 0)
-        return _Progress(pointer.samples_done, rev, pointer.checkpoint_key, pointer.samples_done)
-
-    async def _load(self, job: Job, tile: Tile, progress: _Progress) -> Accumulator:
-        rect = _rect(tile)
-        if progress.checkpoint is None:
-            return zeros_for(rect)
-        try:
-            data = await self.rt.store.get(progress.checkpoint)
-            acc = from_npy(data, rect)
-        except (NotFoundError, DecodeError, CorruptObject) as exc:
-            self.log.warning("checkpoint unusable; starting over", error=str(exc))
-            progress.samples = progress.resumed_from = 0
-            progress.checkpoint = None
-            return zeros_for(rect)
-        self.w.resumes += 1
-        self.rt.metrics.resumes.inc()
-        self.log.info("resumed from checkpoint", samples=progress.samples)
-        return acc
-
     async def _render(
-        self, job: Job, tile: Tile, acc: Accumulator, progress: _Progress, beat: Heartbeat
+        self, job: Job, tile: Tile, acc: Accumulator, progress: Progress, beat: Heartbeat
     ) -> None:
         tuning = self.rt.settings.tuning
         prepared = await self.w.scenes.get(job, self.w.executor)
@@ -237,7 +200,7 @@ class TileRun:
                 if await self.rt.db.is_cancel_requested(job.job_id):
                     raise _Stop("cancelled")
                 self._between_passes(job, beat)
-                await self._checkpoint(job, tile, acc, progress, beat.lease.token)
+                await self._checkpoint(acc, progress, beat.lease.token)
                 last_checkpoint = time.monotonic()
 
     def _between_passes(self, job: Job, beat: Heartbeat) -> None:
@@ -262,44 +225,16 @@ class TileRun:
         except (ValueError, ArithmeticError, kernel.SceneError) as exc:
             raise KernelFailure(f"kernel failed on samples {start}..{end}: {exc}") from exc
         samples = (end - start) * (rect[2] - rect[0]) * (rect[3] - rect[1])
-        self.w.samples_rendered += samples
         self.rt.metrics.samples_rendered.inc(samples)
 
-    async def _checkpoint(
-        self, job: Job, tile: Tile, acc: Accumulator, progress: _Progress, token: int
-    ) -> None:
-        """Accumulator to the object store, then the pointer, then the row (fenced)."""
-        key = checkpoint_key(job.job_id, tile.tile_index, self.attempt_id, progress.samples)
-        await self.rt.store.put(key, to_npy(acc))
-        crash.crash_point("worker.before_pointer")
-        pointer = ProgressPointer(job.input_hash, progress.samples, key, self.attempt_id)
-        pkey = n.progress_key(job.job_id, tile.tile_index)
-        try:
-            progress.pointer_revision = await self.rt.progress.put(
-                pkey, pointer, last=progress.pointer_revision
-            )
-        except TerminalError:
-            # Someone else wrote the pointer (a stale owner's last checkpoint): it is a valid
-            # checkpoint of the same inputs, so overwrite it on top of what is there now.
-            current = await self.rt.progress.get(pkey)
-            last = None if current is None else current[1]
-            progress.pointer_revision = await self.rt.progress.put(pkey, pointer, last=last)
-        previous, progress.checkpoint = progress.checkpoint, key
-        if previous is not None and previous != key:
-            await self.rt.store.delete(previous)
-        if not await self.rt.db.record_progress(
-            job.job_id, tile.tile_index, token=token, samples_done=progress.samples
-        ):
+    async def _checkpoint(self, acc: Accumulator, progress: Progress, token: int) -> None:
+        if not await self.checkpoints.write(acc, progress, token):
             raise _Stop("fenced")
-        self.w.checkpoints += 1
-        self.rt.metrics.checkpoints.inc()
-        self.log.info("checkpoint written", samples=progress.samples, key=key)
-        crash.crash_point("worker.after_checkpoint")
 
     # ------------------------------------------------------------------ steps 6-7
 
     async def _commit(
-        self, job: Job, tile: Tile, acc: Accumulator, progress: _Progress, beat: Heartbeat
+        self, job: Job, tile: Tile, acc: Accumulator, progress: Progress, beat: Heartbeat
     ) -> None:
         data = to_npy(acc)
         sha = _sha256(data)
@@ -320,18 +255,16 @@ class TileRun:
         )
         if outcome is CommitOutcome.FENCED:
             self.log.warning("commit refused by the fence: a newer owner has the tile")
-            self.w.fenced += 1
             return
         crash.crash_point("worker.after_commit")
         if outcome is CommitOutcome.ALREADY_DONE:
             current = await self.rt.db.get_tile(job.job_id, tile.tile_index)
             key = current.result_key if current and current.result_key else key
         await self._announce(job, tile.tile_index, key)
-        await self._cleanup(job, tile, progress)  # (the commit closed the attempt as done)
+        await self.checkpoints.cleanup(progress)  # (the commit closed the attempt as done)
         await self._release(await beat.stop())
         crash.crash_point("worker.before_ack")
         await ack_sync_retry(self.msg)
-        self.w.tiles_done += 1
         self.rt.metrics.tiles_completed.inc()
         self.rt.metrics.tile_seconds.observe(time.monotonic() - self.started)
         self.log.info("tile done", samples=job.spp, resumed_from=progress.resumed_from)
@@ -345,16 +278,6 @@ class TileRun:
             msg_id=n.done_msg_id(job.job_id, tile_index),
         )
         self.rt.metrics.published(ack)
-
-    async def _cleanup(self, job: Job, tile: Tile, progress: _Progress) -> None:
-        """Checkpoints of a committed tile are garbage; failing to delete them is harmless."""
-        try:
-            if progress.pointer_revision is not None or progress.checkpoint is not None:
-                await self.rt.progress.delete(n.progress_key(job.job_id, tile.tile_index))
-            if progress.checkpoint is not None:
-                await self.rt.store.delete(progress.checkpoint)
-        except RetryableError as exc:
-            self.log.warning("checkpoint clean-up failed (tessera gc removes it)", error=str(exc))
 
     async def _release(self, lease: Lease) -> None:
         if self.released:
@@ -372,7 +295,7 @@ class TileRun:
         job: Job,
         tile: Tile,
         acc: Accumulator,
-        progress: _Progress,
+        progress: Progress,
         beat: Heartbeat,
         why: str,
     ) -> None:
@@ -383,18 +306,17 @@ class TileRun:
                 trigger=TileTrigger.CANCEL, error_code="cancelled", error="job cancelled",
                 node=self.rt.node, outcome="cancelled",
             )  # fmt: skip
-            await self._cleanup(job, tile, progress)
+            await self.checkpoints.cleanup(progress)
             await self._release(await beat.stop())
             await ack_sync_retry(self.msg)
         elif why == "handed_back":
             if progress.samples > progress.resumed_from:
-                await self._checkpoint(job, tile, acc, progress, token)
+                await self._checkpoint(acc, progress, token)
             await db.end_attempt(self.attempt_id, outcome="handed_back")
             await self._release(await beat.stop())
             await self.msg.nak()
         else:  # lease lost or fenced: the tile is someone else's now; settle nothing
             await db.end_attempt(self.attempt_id, outcome=why, error_code=why)
-            self.w.fenced += why == "fenced"
         self.log.info("tile stopped", why=why, samples=progress.samples)
 
     async def _retryable(self, tm: TileMessage, exc: RetryableError) -> None:
