@@ -71,8 +71,6 @@ class Checkpoints:
             progress.samples = progress.resumed_from = 0
             progress.checkpoint = None
             return zeros_for(self.rect)
-        self.rt.metrics.resumes.inc()
-        self.log.info("resumed from checkpoint", samples=progress.samples)
         return acc
 
     async def write(self, acc: Accumulator, progress: Progress, token: int) -> bool:

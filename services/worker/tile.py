@@ -144,6 +144,8 @@ class TileRun:
         token = beat.lease.token
         self.checkpoints = Checkpoints(self.rt, job, tile, self.attempt_id, self.log)
         progress = await self.checkpoints.resume_point()
+        # Loaded before the fence (a read), so the attempt records the resume that happens.
+        acc = await self.checkpoints.load(progress)
         fenced = await self.rt.db.fence_tile(
             job.job_id,
             tile.tile_index,
@@ -160,8 +162,10 @@ class TileRun:
         self.token = token
         self._acquired(tile, token)
         crash.crash_point("worker.after_lease")
+        if progress.resumed_from:
+            self.rt.metrics.resumes.inc()
+            self.log.info("resumed from checkpoint", samples=progress.resumed_from)
         with self.rt.metrics.tiles_in_flight.track_inprogress():
-            acc = await self.checkpoints.load(progress)
             try:
                 await self._render(job, tile, acc, progress, beat)
             except _Stop as stop:
