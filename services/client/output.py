@@ -73,12 +73,25 @@ def dead_letters_table(letters: list[dict[str, Any]]) -> str:
     return _table(("SEQ", "JOB", "UNIT", "REASON", "DELIVERIES", "ERROR"), rows)
 
 
+def _umask() -> int:
+    """The process umask, read without changing it (``os.umask`` would, for every thread)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` whole or not at all (temporary file, then rename)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent or Path("."), prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, 0o666 & ~_umask())  # an ordinary file, not mkstemp's private 0600
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
