@@ -127,6 +127,22 @@ class StoreBase:
             async with self._pool.acquire(timeout=self._acquire_timeout) as conn:
                 return await _guarded(conn, fn, transaction=False)
 
+    async def _statement(self, what: str, fn: Callable[[Conn], Awaitable[T]]) -> T | None:
+        """Run ``fn`` (one statement, atomic on its own) outside an explicit transaction.
+
+        For the one-statement fast paths: a deadlock or serialization failure gives ``None``,
+        so the caller falls back to its transaction, which reruns such losses itself.
+        """
+        self._check_open(what)
+        with translated(what):
+            async with self._pool.acquire(timeout=self._acquire_timeout) as conn:
+                try:
+                    return await _guarded(conn, fn, transaction=False)
+                except asyncpg.PostgresError as exc:
+                    if not is_rerunnable(exc):
+                        raise
+                    return None
+
     async def _tx(self, what: str, fn: Callable[[Conn], Awaitable[T]]) -> T:
         """Run ``fn`` in one transaction; rerun it on a CAS miss, deadlock or serialization failure.
 

@@ -138,12 +138,16 @@ async def commit(
     tile_index: int,
     *,
     token: int,
-    result_key: str,
+    result_key: str | None,
     result_sha256: str,
+    result_data: bytes | None,
     samples_done: int,
     who: Who,
 ) -> CommitOutcome:
-    """The fenced commit: COMMIT the tile, close the attempt, TILE_PROGRESS the job."""
+    """The fenced commit: COMMIT the tile, close the attempt, TILE_PROGRESS the job.
+
+    ``result_data`` (a small result, ``result_key`` None) is stored in ``tile_results``.
+    """
     tile, job_state, _ = await require_tile_and_job(conn, job_id, tile_index)
     if tile.state == TileState.DONE or tile.lease_fence != token:
         await audit.end_attempt(conn, who.attempt_id, AttemptOutcome.FENCED)
@@ -173,6 +177,8 @@ async def commit(
     )
     if moved is None:
         raise CasMiss
+    if result_data is not None:
+        await store_result(conn, job_id, tile_index, result_sha256, result_data)
     await audit.end_tile_attempt(
         conn,
         tile,
@@ -182,6 +188,21 @@ async def commit(
         who=who,
     )
     return CommitOutcome.COMMITTED
+
+
+async def store_result(conn: Conn, job_id: str, tile_index: int, sha256: str, data: bytes) -> None:
+    """Write a small tile result inline (``tile_results``), in the commit's transaction."""
+    await conn.execute(
+        """
+        INSERT INTO tile_results (job_id, tile_index, sha256, data) VALUES ($1, $2, $3, $4)
+        ON CONFLICT (job_id, tile_index) DO UPDATE SET sha256 = EXCLUDED.sha256,
+            data = EXCLUDED.data
+        """,
+        job_id,
+        tile_index,
+        sha256,
+        data,
+    )
 
 
 async def _progress_job(conn: Conn, job_id: str, state: JobState, who: Who) -> None:

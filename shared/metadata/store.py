@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from shared.errors import ValidationError
 from shared.lifecycle import JobState, JobTrigger, TileState, TileTrigger, tile_legal_events
-from shared.metadata import audit, fencing, jobs, tiles
+from shared.metadata import audit, fastpath, fencing, jobs, tiles
 from shared.metadata.audit import Conn, Who
 from shared.metadata.models import (
     Attempt,
@@ -184,13 +185,25 @@ class MetadataStore(OpsStore):
         attempt_id: str,
         node: str,
         resumed_from: int = 0,
+        seen: Tile | None = None,
     ) -> bool:
         """Write the lease's fencing token (``lease_fence < token``), LEASE, record the attempt.
 
         Also moves the job by TILE_STARTED. False (nothing written) for a stale token, a
-        done/terminal tile, or a terminal or cancel-requested job.
+        done/terminal tile, or a terminal or cancel-requested job. ``seen``, the tile as the
+        caller just read it, lets the common case take one statement (:mod:`.fastpath`).
         """
         who = Who(node, attempt_id)
+        if seen is not None and (seen.job_id, seen.tile_index) == (job_id, tile_index):
+            fast_who = Who(node, attempt_id, detail=f"fence {token}")
+            fast = await self._statement(
+                "fence_tile",
+                lambda c: fastpath.fence(
+                    c, seen, token=token, who=fast_who, resumed_from=resumed_from
+                ),
+            )
+            if fast:
+                return True
         return await self._tx(
             "fence_tile",
             lambda c: fencing.fence(
@@ -230,18 +243,39 @@ class MetadataStore(OpsStore):
         *,
         token: int,
         attempt_id: str,
-        result_key: str,
+        result_key: str | None,
         result_sha256: str,
         samples_done: int,
         node: str,
+        result_data: bytes | None = None,
     ) -> CommitOutcome:
         """The fenced commit (``lease_fence = token AND state <> 'done'``) in one transaction.
 
         COMMITTED: tile done, attempt closed as done, audited, job moved by TILE_PROGRESS
         (skipped if the job is already terminal). ALREADY_DONE / FENCED: nothing but the
-        attempt's ``fenced`` outcome is written.
+        attempt's ``fenced`` outcome is written. The result is an object (``result_key``) or,
+        for a small one, ``result_data`` stored inline with the commit (``result_key`` None).
+        The common case takes one statement (:mod:`.fastpath`).
         """
+        if (result_key is None) == (result_data is None):
+            raise ValidationError("commit_tile: give exactly one of result_key and result_data")
         who = Who(node, attempt_id)
+        fast = await self._statement(
+            "commit_tile",
+            lambda c: fastpath.commit(
+                c,
+                job_id,
+                tile_index,
+                token=token,
+                result_key=result_key,
+                result_sha256=result_sha256,
+                result_data=result_data,
+                samples_done=samples_done,
+                who=who,
+            ),
+        )
+        if fast:
+            return CommitOutcome.COMMITTED
         return await self._tx(
             "commit_tile",
             lambda c: fencing.commit(
@@ -251,10 +285,15 @@ class MetadataStore(OpsStore):
                 token=token,
                 result_key=result_key,
                 result_sha256=result_sha256,
+                result_data=result_data,
                 samples_done=samples_done,
                 who=who,
             ),
         )
+
+    async def tile_results(self, job_id: str) -> dict[int, tuple[str, bytes]]:
+        """The job's inline tile results: ``tile_index -> (sha256, data)``."""
+        return await self._read("tile_results", lambda c: tiles.inline_results(c, job_id))
 
     async def fail_tile(
         self,

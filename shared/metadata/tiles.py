@@ -194,20 +194,32 @@ async def counts(conn: Conn, job_id: str) -> TileCounts:
     )
 
 
+# A literal (not a parameter), so the planner can match the partial index's predicate.
+_ALL_DONE = f"""
+SELECT j.tiles_total > 0 AND NOT EXISTS
+       (SELECT 1 FROM tiles t WHERE t.job_id = j.job_id AND t.state <> '{TileState.DONE.value}')
+FROM jobs j WHERE j.job_id = $1
+"""
+
+
 async def all_done(conn: Conn, job_id: str) -> bool:
-    """True once the job is planned and every one of its tiles is ``done``."""
-    value = await conn.fetchval(
-        """
-        SELECT j.tiles_total > 0 AND j.tiles_total =
-               (SELECT count(*) FROM tiles t WHERE t.job_id = j.job_id AND t.state = $2)
-        FROM jobs j WHERE j.job_id = $1
-        """,
-        job_id,
-        TileState.DONE.value,
-    )
+    """True once the job is planned and every one of its tiles is ``done``.
+
+    One probe into the partial index ``tiles_not_done`` (the job's open tiles), not a count
+    over every tile: the finalizer asks on every tile-done event.
+    """
+    value = await conn.fetchval(_ALL_DONE, job_id)
     if value is None:
         raise NotFoundError(f"job {job_id} does not exist")
     return bool(value)
+
+
+async def inline_results(conn: Conn, job_id: str) -> dict[int, tuple[str, bytes]]:
+    """``tile_index -> (sha256, data)`` of the job's results stored inline."""
+    rows = await conn.fetch(
+        "SELECT tile_index, sha256, data FROM tile_results WHERE job_id = $1", job_id
+    )
+    return {row["tile_index"]: (row["sha256"], bytes(row["data"])) for row in rows}
 
 
 async def stale(conn: Conn, *, older_than: float, limit: int) -> list[Tile]:
