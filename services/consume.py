@@ -43,6 +43,9 @@ async def consume(
     """
     sub = await js.pull_subscribe_bind(durable=durable, stream=stream)
     inflight: set[asyncio.Task[None]] = set()
+    # ``on_stop`` runs as soon as ``stop`` is set, not when a pending fetch gives up (up to
+    # ``fetch_wait`` later): in-flight work starts handing back at once.
+    stopping = asyncio.create_task(_call_on(stop, on_stop))
     try:
         while not stop.is_set():
             free = slots - len(inflight)
@@ -62,13 +65,19 @@ async def consume(
                 log.warning("fetch refused; retrying", stream=stream, error=repr(exc))
                 await _pause(stop, fetch_wait)
                 continue
+            if stop.is_set():  # fetched while stopping: hand back untouched, for others
+                for msg in msgs:
+                    with contextlib.suppress(Exception):
+                        await msg.nak()
+                break
             for msg in msgs:
                 task = asyncio.create_task(_guarded(handler, msg, log))
                 inflight.add(task)
                 task.add_done_callback(inflight.discard)
     finally:
+        stopping.cancel()
         if on_stop is not None:
-            on_stop()
+            on_stop()  # (again, if ``stop`` was set: it must be idempotent)
         if inflight:
             log.info("draining", inflight=len(inflight), grace=grace)
             _done, pending = await asyncio.wait(inflight, timeout=grace)
@@ -77,6 +86,12 @@ async def consume(
             await asyncio.gather(*pending, return_exceptions=True)
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
+
+
+async def _call_on(stop: asyncio.Event, on_stop: Callable[[], None] | None) -> None:
+    await stop.wait()
+    if on_stop is not None:
+        on_stop()
 
 
 async def _guarded(handler: Handler, msg: Msg, log: Log) -> None:

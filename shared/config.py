@@ -74,8 +74,19 @@ class Tuning:
     max_deliver: int = 10
     #: seconds between checkpoints of a tile's accumulator
     checkpoint_interval: float = 5.0
-    #: samples per pixel rendered between two heartbeats/cancel checks
+    #: samples per pixel of a tile's first pass (and the least of any pass but its last)
     samples_per_pass: int = 4
+    #: later passes are sized from the measured rate to take about this long: a pass is the
+    #: grain of cancel checks and checkpoints, and each costs a round trip to the event loop
+    #: (0 = every pass has ``samples_per_pass``)
+    pass_seconds: float = 0.5
+    #: a finished tile result up to this many bytes (a small tile's float accumulator; 8x8 is
+    #: 1.6 KiB) is committed inline in PostgreSQL, in the fenced commit's own statement,
+    #: instead of as one object per tile; larger ones go to the object store (0 = all do)
+    inline_result_bytes: int = 16384
+    #: bytes of tile results a finalizer reads ahead as their tile-done events arrive, so a
+    #: job's finalization does not start by reading every tile (0 = no read-ahead)
+    read_ahead_bytes: int = 256 * 1024 * 1024
     #: kernel threads per worker process (0 = number of cores); the worker holds twice as many
     #: tiles, so renderers never wait for a tile's commit I/O
     worker_slots: int = 0
@@ -106,6 +117,7 @@ class Tuning:
 _DURATION_MIN: dict[str, float] = {
     "heartbeat_interval": 0.05,
     "checkpoint_interval": 0.0,
+    "pass_seconds": 0.0,
     "progress_timeout": 1.0,
     "sweep_interval": 0.1,
     "sweep_age": 0.5,
@@ -118,6 +130,8 @@ _INT_MIN: dict[str, int] = {
     "ack_wait": 2,
     "max_deliver": 1,
     "samples_per_pass": 1,
+    "inline_result_bytes": 0,
+    "read_ahead_bytes": 0,
     "worker_slots": 0,
     "default_tile": 8,
     "duplicate_window": 1,
@@ -281,6 +295,11 @@ def _check_relations(t: Tuning) -> None:
         raise ConfigError(
             f"TESSERA_ACK_WAIT={t.ack_wait} must exceed TESSERA_LEASE_TTL={t.lease_ttl}, "
             "so a dead owner's lease expires before its message is redelivered"
+        )
+    if t.pass_seconds * 2 > t.progress_timeout:
+        raise ConfigError(
+            f"TESSERA_PASS_SECONDS={t.pass_seconds} must be at most half of "
+            f"TESSERA_PROGRESS_TIMEOUT={t.progress_timeout}, or the watchdog aborts healthy passes"
         )
     if t.retry_cap < t.retry_base:
         raise ConfigError(f"TESSERA_RETRY_CAP={t.retry_cap} must be >= TESSERA_RETRY_BASE")

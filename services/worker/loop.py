@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 
 from nats.aio.msg import Msg
 
@@ -13,6 +12,7 @@ from proto import names as n
 from proto.messages import JobEvent
 from services.announce import announce
 from services.consume import consume
+from services.worker.kernels import KernelThreads
 from services.worker.scenes import SceneCache
 from services.worker.tile import TileRun
 from shared.errors import TesseraError
@@ -35,7 +35,8 @@ class Worker:
         self.rt = rt
         self.log = rt.log.bind(component="worker")
         self.slots = rt.settings.tuning.worker_slots or os.cpu_count() or 1
-        self.executor = ThreadPoolExecutor(self.slots, thread_name_prefix="kernel")
+        self.kernels = KernelThreads(self.slots)
+        self.executor = self.kernels.executor
         # Tiles in hand: twice the renderers, so while one tile of a slot does its I/O (result
         # write, fenced commit, tile-done, release, ack; then fetch, lease, fence the next) the
         # other's passes keep the core busy. Passes of the tiles in hand share the threads.

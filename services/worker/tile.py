@@ -33,6 +33,7 @@ from services.worker.checkpoints import Checkpoints, Progress
 from services.worker.heartbeat import Heartbeat
 from services.worker.scenes import KernelFailure
 from shared import crash
+from shared.config import Tuning
 from shared.errors import DecodeError, LeaseLost, RetryableError, TerminalError
 from shared.jetstream import ack_sync_retry, publish
 from shared.leases import Lease, LeaseOwner
@@ -131,7 +132,7 @@ class TileRun:
         if job is None or tile is None:
             self.log.warning("tile message for an unknown job or tile; dropping")
         elif tile.state is TileState.DONE:
-            await self._announce(job, tile.tile_index, tile.result_key or "")
+            await self._announce(job, tile.tile_index, tile.result_key)
             self.log.info("tile already done")
         elif is_terminal(job.state) or job.cancel_requested or is_terminal(tile.state):
             self.log.info("job or tile is final; dropping", state=job.state.value)
@@ -153,6 +154,7 @@ class TileRun:
             attempt_id=self.attempt_id,
             node=self.rt.node,
             resumed_from=progress.resumed_from,
+            seen=tile,
         )
         if not fenced:
             self.log.info("fence refused: tile done or taken by a newer owner")
@@ -192,11 +194,14 @@ class TileRun:
         tuning = self.rt.settings.tuning
         prepared = await self.w.scenes.get(job, self.w.executor)
         rect = _rect(tile)
+        size = tuning.samples_per_pass
         last_checkpoint = time.monotonic()
         while progress.samples < job.spp:
             self._between_passes(job, beat)
-            end = min(job.spp, progress.samples + tuning.samples_per_pass)
+            end = min(job.spp, progress.samples + size)
+            started = time.monotonic()
             await self._pass(prepared, rect, progress.samples, end, acc)
+            size = pass_size(end - progress.samples, time.monotonic() - started, tuning)
             progress.samples = end
             due = time.monotonic() - last_checkpoint >= tuning.checkpoint_interval
             if due and progress.samples < job.spp:
@@ -218,12 +223,11 @@ class TileRun:
     async def _pass(
         self, prepared: kernel.Prepared, rect: Rect, start: int, end: int, acc: Accumulator
     ) -> None:
-        loop = asyncio.get_running_loop()
-        work = loop.run_in_executor(
-            self.w.executor, kernel.render_tile, prepared, rect, start, end, acc
-        )
         try:
-            await asyncio.wait_for(work, self.rt.settings.tuning.progress_timeout)
+            await asyncio.wait_for(
+                self.w.kernels.render(prepared, rect, start, end, acc),
+                self.rt.settings.tuning.progress_timeout,
+            )
         except TimeoutError:
             raise Stalled(f"samples {start}..{end} made no progress") from None
         except (ValueError, ArithmeticError, kernel.SceneError) as exc:
@@ -242,8 +246,10 @@ class TileRun:
     ) -> None:
         data = to_npy(acc)
         sha = _sha256(data)
-        key = tile_result_key(job.job_id, tile.tile_index, sha)
-        await self.rt.store.put(key, data)
+        inline = len(data) <= self.rt.settings.tuning.inline_result_bytes
+        key = None if inline else tile_result_key(job.job_id, tile.tile_index, sha)
+        if key is not None:
+            await self.rt.store.put(key, data)
         crash.crash_point("worker.after_result_write")
         if beat.lost.is_set():
             raise LeaseLost("lease lost before the commit")
@@ -254,6 +260,7 @@ class TileRun:
             attempt_id=self.attempt_id,
             result_key=key,
             result_sha256=sha,
+            result_data=data if inline else None,
             samples_done=job.spp,
             node=self.rt.node,
         )
@@ -263,7 +270,7 @@ class TileRun:
         crash.crash_point("worker.after_commit")
         if outcome is CommitOutcome.ALREADY_DONE:
             current = await self.rt.db.get_tile(job.job_id, tile.tile_index)
-            key = current.result_key if current and current.result_key else key
+            key = current.result_key if current else key
         await self._announce(job, tile.tile_index, key)
         await self.checkpoints.cleanup(progress)  # (the commit closed the attempt as done)
         await self._release(await beat.stop())
@@ -273,8 +280,9 @@ class TileRun:
         self.rt.metrics.tile_seconds.observe(time.monotonic() - self.started)
         self.log.info("tile done", samples=job.spp, resumed_from=progress.resumed_from)
 
-    async def _announce(self, job: Job, tile_index: int, result_key: str) -> None:
-        done = TileDone(job.job_id, tile_index, self.attempt_id, result_key, job.input_hash)
+    async def _announce(self, job: Job, tile_index: int, result_key: str | None) -> None:
+        # An inline result (no object) is announced with an empty key; the row names it.
+        done = TileDone(job.job_id, tile_index, self.attempt_id, result_key or "", job.input_hash)
         ack = await publish(
             self.rt.js,
             self.rt.names.event_subject(job.job_id, n.EventKind.TILE_DONE),
@@ -353,6 +361,23 @@ class TileRun:
             )  # fmt: skip
         await self.w.fail_job(tm.job_id, JobTrigger.TERMINAL_FAILURE, exc)
         await self.msg.term()
+
+
+def pass_size(samples: int, seconds: float, tuning: Tuning) -> int:
+    """Samples per pixel of the next pass, after a pass of ``samples`` took ``seconds``.
+
+    Sized from the measured rate to take about ``pass_seconds``: never below
+    ``samples_per_pass``, and at most 16 times the last pass, so one fast outlier cannot make a
+    pass that outlasts the cancel and checkpoint grain by much. ``seconds`` is wall time on
+    the loop (queueing for a kernel thread included), so the estimate errs towards short passes.
+    """
+    floor = tuning.samples_per_pass
+    if tuning.pass_seconds <= 0 or samples <= 0:
+        return floor
+    if seconds <= 0:
+        return max(floor, 16 * samples)
+    wanted = int(samples * tuning.pass_seconds / seconds)
+    return max(floor, min(wanted, 16 * samples))
 
 
 def _rect(tile: Tile) -> Rect:

@@ -29,7 +29,12 @@ CASES: dict[str, tuple[int, dict[str, str], dict[str, Any]]] = {
     # a new checkpoint is written but the pointer still names the previous one: the resume
     # must load exactly the samples the pointer records (every checkpoint has its own key).
     # The 9th checkpoint: a worker holds several tiles, so the first ones are each tile's first.
-    "worker.before_pointer": (9, {"TESSERA_CHECKPOINT_INTERVAL": "0"}, {"spp": 40}),
+    # Passes of a fixed size (not grown to TESSERA_PASS_SECONDS), so every tile has many.
+    "worker.before_pointer": (
+        9,
+        {"TESSERA_CHECKPOINT_INTERVAL": "0", "TESSERA_PASS_SECONDS": "0"},
+        {"spp": 40},
+    ),
     # renews every 50 ms; a tile of 800 spp lasts several of them
     "worker.during_renew": (1, {"TESSERA_HEARTBEAT_INTERVAL": "0.05"}, {"spp": 800}),
     "worker.after_result_write": (1, {}, {}),

@@ -26,6 +26,7 @@ FAST = {
     "TESSERA_ACK_WAIT": "4",
     "TESSERA_CHECKPOINT_INTERVAL": "0.2",
     "TESSERA_SAMPLES_PER_PASS": "2",
+    "TESSERA_PASS_SECONDS": "0.1",  # a stop (cancel, SIGTERM) lands within ~0.1 s
     "TESSERA_SWEEP_INTERVAL": "0.5",
     "TESSERA_SWEEP_AGE": "3",
     "TESSERA_RETRY_BASE": "0.2",

@@ -19,7 +19,7 @@ async def test_sigterm_hands_the_tile_back_and_another_worker_resumes_it(
     for service in ("gateway", "scheduler", "finalizer"):
         services.start(service)
     first = services.start("worker", name="worker-1")
-    body = request(width=16, height=16, spp=12000, tile_size=16)
+    body = request(width=16, height=16, spp=40000, tile_size=16)  # seconds, even split in two
     job_id = (await submit(client, body))["job_id"]
 
     async def checkpointed() -> bool:

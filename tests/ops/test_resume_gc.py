@@ -29,7 +29,10 @@ async def test_resume_counts_and_gc_spares_published_results(
     for service in ("gateway", "scheduler"):
         services.start(service)
     _, final_port = start_with_port(services, "finalizer")
-    worker, port = start_with_port(services, "worker", name="worker-1")
+    # Tile results as objects (a 16x16 result is small enough to be inline by default): the gc
+    # check at the end is that gc never deletes them.
+    objects_only = {"TESSERA_INLINE_RESULT_BYTES": "0"}
+    worker, port = start_with_port(services, "worker", name="worker-1", **objects_only)
     await wait_ready(port, worker)
     body = request(width=16, height=16, spp=16000, tile_size=16)  # one long tile
     job_id = (await submit(client, body))["job_id"]
@@ -42,7 +45,7 @@ async def test_resume_counts_and_gc_spares_published_results(
     assert await metric(port, "tessera_checkpoints_written_total") >= 1
     assert await metric(port, "tessera_tiles_in_flight") == 1
     services.kill("worker-1")
-    worker, port = start_with_port(services, "worker", name="worker-1")
+    worker, port = start_with_port(services, "worker", name="worker-1", **objects_only)
     status = await settle(client, job_id, services)
     assert await result_bytes(objects, status) == reference_png(body)
 
@@ -72,6 +75,7 @@ async def _gc_spares_results(
     temp.write_bytes(b"torn")
     published = [status["result_location"], status["float_location"]]
     published += [o.key for o in await objects.list(f"tiles/{job_id}/")]
+    assert len(published) == 3, "the tile result is an object"
     old = time.time() - 2 * HOUR
     for path in [objects.path_of(k) for k in [stale, *published]] + [temp]:
         os.utime(path, (old, old))  # everything but ``fresh`` is past the threshold

@@ -1,0 +1,63 @@
+"""How the worker sizes its sample passes and spreads them over its kernel threads."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import kernel
+from services.worker.kernels import KernelThreads
+from services.worker.tile import pass_size
+from shared.config import Tuning
+from shared.tiles import zeros_for
+
+
+@pytest.fixture(scope="module")
+def prepared() -> kernel.Prepared:
+    settings = kernel.RenderSettings(width=48, height=40, spp=8)
+    return kernel.prepare(kernel.builtin_scene("cornell"), 0, settings)
+
+
+async def test_a_pass_split_over_idle_threads_gives_the_same_bits(
+    prepared: kernel.Prepared,
+) -> None:
+    rect = (8, 4, 40, 37)  # 33 rows: bands of unequal height
+    alone = zeros_for(rect)
+    kernel.render_tile(prepared, rect, 0, 3, alone)
+    threads = KernelThreads(3)
+    try:
+        split = zeros_for(rect)
+        await threads.render(prepared, rect, 0, 3, split)  # all three idle: three bands
+        threads.running = 3  # every thread busy: one band, queued behind them
+        whole = zeros_for(rect)
+        await threads.render(prepared, rect, 0, 3, whole)
+        assert threads.running == 3, "each finished call counted itself down"
+    finally:
+        threads.executor.shutdown()
+    np.testing.assert_array_equal(split, alone)
+    np.testing.assert_array_equal(whole, alone)
+
+
+async def test_split_calls_are_counted_while_they_run(prepared: kernel.Prepared) -> None:
+    threads = KernelThreads(2)
+    try:
+        rect = (0, 0, 48, 40)
+        task = asyncio.create_task(threads.render(prepared, rect, 0, 64, zeros_for(rect)))
+        await asyncio.sleep(0)  # the task submits both bands before its first wait
+        assert threads.running == 2
+        await task
+        # each call counts itself down (on the loop) before its result is delivered
+        assert threads.running == 0
+    finally:
+        threads.executor.shutdown()
+
+
+def test_pass_size_grows_to_the_target_duration_within_bounds() -> None:
+    tuning = Tuning(samples_per_pass=4, pass_seconds=0.5)
+    assert pass_size(4, 0.01, tuning) == 64, "at most 16 times the last pass"
+    assert pass_size(4, 0.1, tuning) == 20, "4 samples in 0.1 s: 20 in 0.5 s"
+    assert pass_size(4, 5.0, tuning) == 4, "never below samples_per_pass"
+    assert pass_size(4, 0.0, tuning) == 64
+    assert pass_size(8, 0.1, Tuning(samples_per_pass=4, pass_seconds=0)) == 4, "0 disables"
