@@ -9,7 +9,13 @@ See ``kernel/README.md`` for the scene format and limits.
 from kernel.builtin import BUILTIN_SCENES, builtin_scene
 from kernel.flatten import Prepared, prepare
 from kernel.hashing import KERNEL_VERSION, input_hash
-from kernel.image import encode_float_image, encode_png, tonemap
+from kernel.image import (
+    encode_float_image,
+    encode_png,
+    float_image_and_tonemap,
+    png_of,
+    tonemap,
+)
 from kernel.loader import load_scene_file
 from kernel.render import render_full, render_tile
 from kernel.scene import Scene, SceneError
@@ -26,8 +32,10 @@ __all__ = [
     "builtin_scene",
     "encode_float_image",
     "encode_png",
+    "float_image_and_tonemap",
     "input_hash",
     "load_scene_file",
+    "png_of",
     "prepare",
     "render_full",
     "render_tile",

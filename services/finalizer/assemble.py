@@ -22,19 +22,23 @@ from proto import names as n
 from proto.messages import JobEvent, TileDone
 from services.announce import announce
 from services.deadletter import dead_letter
+from services.finalizer.cache import ReadAhead, Result
 from services.worker.heartbeat import Heartbeat
 from shared import crash
 from shared.errors import DecodeError, RetryableError, TerminalError
 from shared.jetstream import ack_sync_retry
 from shared.leases import LeaseOwner
 from shared.lifecycle import IllegalTransition, JobState, JobTrigger
-from shared.metadata import Job
-from shared.objectstore import render_key
+from shared.metadata import Job, Tile
+from shared.objectstore import render_key, sha256_hex
 from shared.retry import backoff
 from shared.runtime import Runtime
-from shared.tiles import Accumulator, assemble, from_npy
+from shared.tiles import Accumulator, Rect, assemble, from_npy
 
 __all__ = ["Finalizer", "ImageCorrupt"]
+
+#: tile result objects read at once while assembling
+_READS_IN_FLIGHT = 16
 
 _SETTLED = frozenset(
     {JobState.COMPLETED, JobState.CANCELLED, JobState.FAILED_TERMINAL, JobState.DEAD_LETTERED}
@@ -53,6 +57,7 @@ class Finalizer:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.log = rt.log.bind(component="finalizer")
+        self.read_ahead = ReadAhead(rt.settings.tuning.read_ahead_bytes)
 
     async def handle(self, msg: Msg) -> None:
         """One tile-done event: finalize its job if every tile is done; ack last."""
@@ -62,6 +67,7 @@ class Finalizer:
             await dead_letter(self.rt, msg, job_id=None, unit=n.DLQ_UNIT_FINAL, error=exc)
             await msg.term()
             return
+        await self._read_ahead(done)
         try:
             settled = await self.finalize(done.job_id, msg)
         except IllegalTransition as exc:  # cancelled or failed meanwhile: nothing to publish
@@ -84,6 +90,24 @@ class Finalizer:
         if settled:
             await ack_sync_retry(msg)
 
+    async def _read_ahead(self, done: TileDone) -> None:
+        """Read the event's result object now, while other tiles still render (best effort).
+
+        An inline result (no key) is not read here: finalization reads all of those in one
+        query. A failure is only a miss: finalization reads the object again.
+        """
+        key = done.result_key
+        if not key or self.read_ahead.budget <= 0:
+            return
+        if self.read_ahead.has(done.job_id, done.tile_index):
+            return
+        try:
+            data = await self.rt.store.get(key)
+        except (RetryableError, TerminalError) as exc:
+            self.log.debug("read-ahead missed", job_id=done.job_id, key=key, error=str(exc))
+            return
+        self.read_ahead.put(done.job_id, done.tile_index, Result(key, sha256_hex(data), data))
+
     async def finalize(self, job_id: str, msg: Msg | None) -> bool:
         """Finalize ``job_id`` if it is ready; False when the message must be retried later."""
         db = self.rt.db
@@ -93,6 +117,7 @@ class Finalizer:
             return True  # nothing to do now; the last tile's event will come
         job = await db.get_job(job_id)
         if job is None or job.state in _SETTLED:
+            self.read_ahead.take(job_id)
             return True
         attempt_id = uuid.uuid4().hex
         owner = LeaseOwner(node=self.rt.node, attempt_id=attempt_id)
@@ -125,11 +150,15 @@ class Finalizer:
             return
         crash.crash_point("finalizer.after_finalizing")
         acc = await self._assemble(job)
-        png, flt = await asyncio.to_thread(_encode, acc, job.spp)
-        png_sha, flt_sha = _sha(png), _sha(flt)
-        float_key = render_key(job.job_id, flt_sha, "npy")
+
+        flt, image = await asyncio.to_thread(kernel.float_image_and_tonemap, acc, job.spp)
+        float_key = render_key(job.job_id, _sha(flt), "npy")
+        # The PNG encodes on one core while the float image is written.
+        png, _ = await asyncio.gather(
+            asyncio.to_thread(kernel.png_of, image), store.put(float_key, flt)
+        )
+        png_sha = _sha(png)
         png_key = render_key(job.job_id, png_sha, "png")
-        await store.put(float_key, flt)
         await store.put(png_key, png)
         try:
             await store.get(png_key, sha256=png_sha)
@@ -159,15 +188,40 @@ class Finalizer:
             self.rt.metrics.job_seconds.observe(max(seconds, 0.0))
 
     async def _assemble(self, job: Job) -> Accumulator:
+        """Every committed tile result, verified against its recorded sha256, in one image.
+
+        Small results come inline from the database in one query; objects read ahead are taken
+        as held when the row names the same key and sha256; the rest are read a few at a time
+        (a bound on open requests to the store).
+        """
         tiles = await self.rt.db.list_tiles(job.job_id)
-        parts = []
-        for t in tiles:
-            if not t.result_key or not t.result_sha256:
-                raise TerminalError(f"tile {t.tile_index} is done but names no result")
-            data = await self.rt.store.get(t.result_key, sha256=t.result_sha256)
+        inline = await self.rt.db.tile_results(job.job_id)
+        ahead = self.read_ahead.take(job.job_id)
+        gate = asyncio.Semaphore(_READS_IN_FLIGHT)
+
+        async def part(t: Tile) -> tuple[Rect, Accumulator]:
             rect = (t.x0, t.y0, t.x1, t.y1)
-            parts.append((rect, from_npy(data, rect)))
-        return assemble(job.width, job.height, parts)
+            if not t.result_sha256:
+                raise TerminalError(f"tile {t.tile_index} is done but records no result sha256")
+            held = ahead.get(t.tile_index)
+            if t.result_key and held and (held.key, held.sha256) == (t.result_key, t.result_sha256):
+                data = held.data  # read ahead, and it is what the row names
+            elif t.result_key:
+                async with gate:
+                    data = await self.rt.store.get(t.result_key, sha256=t.result_sha256)
+            elif t.tile_index in inline:
+                sha, data = inline[t.tile_index]
+                if sha != t.result_sha256 or sha256_hex(data) != t.result_sha256:
+                    raise TerminalError(
+                        f"tile {t.tile_index}: its inline result does not match the recorded "
+                        f"sha256 {t.result_sha256}"
+                    )
+            else:
+                raise TerminalError(f"tile {t.tile_index} is done but names no result")
+            return rect, from_npy(data, rect)
+
+        parts = await asyncio.gather(*(part(t) for t in tiles))
+        return assemble(job.width, job.height, list(parts))
 
     async def _fail(self, job_id: str, exc: TerminalError) -> None:
         job = await self.rt.db.transition_job(
@@ -176,10 +230,6 @@ class Finalizer:
         )  # fmt: skip
         await announce(self.rt, JobEvent(job_id, n.EventKind.JOB_FAILED, job.generation,
                                            str(exc)[:4000]))  # fmt: skip
-
-
-def _encode(acc: Accumulator, spp: int) -> tuple[bytes, bytes]:
-    return kernel.encode_png(acc, spp), kernel.encode_float_image(acc, spp)
 
 
 def _sha(data: bytes) -> str:

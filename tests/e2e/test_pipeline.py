@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from nats.aio.client import Client as NATS
 
 from proto import names as n
@@ -67,17 +68,38 @@ async def test_a_five_frame_range(
     assert pngs[3] == reference_png(bodies[3])
 
 
+@pytest.mark.parametrize("results", ["inline", "objects"])
 async def test_two_workers_one_finalizer_on_sixteen_tiles(
-    services: ServiceProcesses, client: TesseraClient, objects: ObjectStore, db: MetadataStore
+    services: ServiceProcesses,
+    client: TesseraClient,
+    objects: ObjectStore,
+    db: MetadataStore,
+    results: str,
 ) -> None:
+    # 16x16 tiles: 6 KiB results, inline by default; as objects (read ahead by the finalizer)
+    # when the inline limit is 0.
+    if results == "objects":
+        services.env["TESSERA_INLINE_RESULT_BYTES"] = "0"
     services.start_all(workers=2)
     body = request(width=64, height=64, spp=16)
     reply = await submit(client, body)
-    status = await settle(client, reply["job_id"], services)
+    job_id = reply["job_id"]
+    status = await settle(client, job_id, services)
     assert status["tiles_total"] == 16
     assert await result_bytes(objects, status) == reference_png(body)
-    nodes = {a.node for a in await db.attempts(reply["job_id"]) if a.tile_index is not None}
+    nodes = {a.node for a in await db.attempts(job_id) if a.tile_index is not None}
     assert nodes == {"worker-1", "worker-2"}, "both workers rendered tiles"
+    inline, stored = await db.tile_results(job_id), await objects.list(f"tiles/{job_id}/")
+    tiles = await db.list_tiles(job_id)
+    if results == "inline":
+        assert sorted(inline) == list(range(16)) and stored == []
+        assert all(t.result_key is None for t in tiles)
+        assert {i: sha for i, (sha, _) in inline.items()} == {
+            t.tile_index: t.result_sha256 for t in tiles
+        }
+    else:
+        assert inline == {} and len(stored) == 16
+        assert sorted(o.key for o in stored) == sorted(str(t.result_key) for t in tiles)
 
 
 async def test_cancel_mid_render_stops_within_a_pass(

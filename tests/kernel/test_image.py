@@ -44,3 +44,31 @@ def test_bad_inputs() -> None:
         kernel.tonemap(np.zeros((1, 1, 3)), 0)
     with pytest.raises(ValueError, match="shape"):
         kernel.encode_png(np.zeros((2, 2)), 1)
+
+
+def _tonemap_by_the_formula(acc: np.ndarray, samples: int) -> np.ndarray:
+    """The curve written out step by step, each step a new array (the reference)."""
+    mean = np.nan_to_num(acc / float(samples), nan=0.0, posinf=1.0, neginf=0.0)
+    return (np.power(np.clip(mean, 0.0, 1.0), 1.0 / 2.2) * 255.0 + 0.5).astype(np.uint8)
+
+
+def test_in_place_tone_mapping_equals_the_formula_bit_for_bit() -> None:
+    rng = np.random.default_rng(7)
+    acc = rng.exponential(0.6, size=(257, 131, 3)) * 16
+    acc.flat[::97] = np.nan
+    acc.flat[1::89] = np.inf
+    acc.flat[2::83] = -np.inf
+    acc.flat[3::79] = -1.0
+    before = acc.copy()
+    np.testing.assert_array_equal(kernel.tonemap(acc, 16), _tonemap_by_the_formula(acc, 16))
+    np.testing.assert_array_equal(acc, before)  # the caller's accumulator is left alone
+
+
+def test_float_image_and_tonemap_give_the_same_bytes_as_the_two_encoders() -> None:
+    rng = np.random.default_rng(11)
+    acc = rng.exponential(0.6, size=(40, 24, 3)) * 8
+    before = acc.copy()
+    flt, image = kernel.float_image_and_tonemap(acc, 8)
+    assert flt == kernel.encode_float_image(acc, 8)
+    assert kernel.png_of(image) == kernel.encode_png(acc, 8)
+    np.testing.assert_array_equal(acc, before)

@@ -1,0 +1,59 @@
+"""Read-ahead of tile results, so finalization does not start by reading every tile.
+
+Each tile-done event names its result object; the finalizer that receives it reads the object
+right away, while the other tiles still render, and keeps the bytes with their sha256 here. The
+finalizer that finalizes the job uses an entry only if the tile row (the source of truth) names
+the same object and the same sha256; anything missing or different is read from the store as
+before. Several finalizers each hold what their own events named; none depends on it.
+
+Bounded in bytes: past the budget, whole jobs are dropped, least recently touched first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import NamedTuple
+
+__all__ = ["ReadAhead", "Result"]
+
+
+class Result(NamedTuple):
+    """One tile result as read: its object key, the sha256 of ``data``, the bytes."""
+
+    key: str
+    sha256: str
+    data: bytes
+
+
+class ReadAhead:
+    """Tile results by job, at most ``budget`` bytes in all."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.bytes = 0
+        self._jobs: OrderedDict[str, dict[int, Result]] = OrderedDict()
+
+    def has(self, job_id: str, tile_index: int) -> bool:
+        """True if the tile's result is held."""
+        return tile_index in self._jobs.get(job_id, {})
+
+    def put(self, job_id: str, tile_index: int, result: Result) -> None:
+        """Hold ``result`` (a result larger than the whole budget is not held)."""
+        if len(result.data) > self.budget:
+            return
+        tiles = self._jobs.setdefault(job_id, {})
+        self._jobs.move_to_end(job_id)
+        old = tiles.get(tile_index)
+        if old is not None:
+            self.bytes -= len(old.data)
+        tiles[tile_index] = result
+        self.bytes += len(result.data)
+        while self.bytes > self.budget:
+            _, dropped = self._jobs.popitem(last=False)
+            self.bytes -= sum(len(r.data) for r in dropped.values())
+
+    def take(self, job_id: str) -> dict[int, Result]:
+        """The job's results, no longer held."""
+        tiles = self._jobs.pop(job_id, {})
+        self.bytes -= sum(len(r.data) for r in tiles.values())
+        return tiles
