@@ -152,12 +152,17 @@ class Settings:
     node: str = ""
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> Settings:
-        """Build and validate settings from ``env`` (normally ``os.environ``)."""
+    def from_env(cls, env: Mapping[str, str], *, database: bool = True) -> Settings:
+        """Build and validate settings from ``env`` (normally ``os.environ``).
+
+        ``database=False`` (the client commands, which only talk to the gateways) makes
+        ``TESSERA_DATABASE_URL`` optional: unset, ``database_url`` is empty; set, it is checked.
+        """
         node = env.get("TESSERA_NODE", "").strip() or f"{socket.gethostname()}-{os.getpid()}"
+        need_db = database or bool(env.get("TESSERA_DATABASE_URL", "").strip())
         return cls(
             nats_urls=_nats_urls(_required(env, "TESSERA_NATS_URL")),
-            database_url=_database_url(_required(env, "TESSERA_DATABASE_URL")),
+            database_url=(_database_url(_required(env, "TESSERA_DATABASE_URL")) if need_db else ""),
             object_store=_object_store(env),
             tuning=_tuning(env),
             node=node,

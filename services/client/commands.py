@@ -1,8 +1,8 @@
 """Client commands of ``tessera``: submit, status, watch, get, list, cancel, retry, dlq.
 
 They read their settings from the environment (``Settings.from_env``: ``TESSERA_NATS_URL``,
-``TESSERA_DATABASE_URL``, ``TESSERA_OBJECT_STORE``, ``TESSERA_NAMESPACE`` ...) and talk to the
-gateways over NATS.
+``TESSERA_OBJECT_STORE`` for ``get``, ``TESSERA_NAMESPACE`` ...; not ``TESSERA_DATABASE_URL``)
+and talk to the gateways over NATS.
 
 Exit status, for scripts:
 

@@ -70,6 +70,19 @@ async def test_status_json_and_list(gateway: Gateway, tessera: CliRunner) -> Non
     assert [j["job_id"] for j in orjson.loads(listed.out)["jobs"]] == [job_id]
 
 
+async def test_client_commands_need_no_database_url(
+    gateway: Gateway, tessera: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TESSERA_DATABASE_URL", raising=False)
+    job_id = (await tessera("submit", "cornell", *SMALL)).out.strip()
+    status = await tessera("status", job_id, "--json")
+    assert status.status == 0, status.err
+    assert orjson.loads(status.out)["job_id"] == job_id
+    monkeypatch.setenv("TESSERA_DATABASE_URL", "mysql://not-postgres")
+    bad = await tessera("list")  # set, it is still checked
+    assert bad.status == 2 and "TESSERA_DATABASE_URL" in bad.err
+
+
 async def test_unknown_job_exits_3_with_the_code(gateway: Gateway, tessera: CliRunner) -> None:
     result = await tessera("status", new_job_id())
     assert result.status == 3
