@@ -130,9 +130,15 @@ def tile_msg_id(job_id: str, tile_index: int, generation: int) -> str:
     return f"tile:{job}:{check_index(tile_index, 'tile_index')}:{check_index(generation, 'gen')}"
 
 
-def done_msg_id(job_id: str, tile_index: int) -> str:
-    """``Nats-Msg-Id`` of a tile-done event: one fact per tile, whoever reports it."""
-    return f"done:{check_token(job_id, 'job_id')}:{check_index(tile_index, 'tile_index')}"
+def done_msg_id(job_id: str, tile_index: int, fence: int) -> str:
+    """``Nats-Msg-Id`` of a tile-done event: one fact per committed result, whoever reports it.
+
+    ``fence`` is the token of the owner whose commit it reports (the tile row's ``lease_fence``):
+    a re-announce of the same commit is a duplicate, a tile rendered again after its result was
+    lost is a new fact.
+    """
+    job, tile = check_token(job_id, "job_id"), check_index(tile_index, "tile_index")
+    return f"done:{job}:{tile}:{check_index(fence, 'fence')}"
 
 
 def event_msg_id(job_id: str, kind: EventKind, generation: int) -> str:

@@ -89,6 +89,8 @@ class JobTrigger(StrEnum):
     DEAD_LETTER = "dead_letter"
     CANCEL = "cancel"
     RETRY = "retry"
+    #: finalization found a committed tile result missing or corrupt: back to rendering
+    RESULT_LOST = "result_lost"
 
 
 class TileTrigger(StrEnum):
@@ -103,6 +105,8 @@ class TileTrigger(StrEnum):
     LEASE_LOST = "lease_lost"
     REQUEUE = "requeue"
     CANCEL = "cancel"
+    #: its committed result is missing or corrupt (found at finalization): render it again
+    RESULT_LOST = "result_lost"
 
 
 TERMINAL_JOB_STATES = frozenset(
@@ -137,6 +141,7 @@ _JOB_TABLE: dict[tuple[JobState, JobTrigger], JobState] = {
         for s in (J.RUNNING, J.PROGRESSING, J.FINALIZING, J.FAILED_RETRYABLE)
     },
     (J.FINALIZING, JT.FINALIZED): J.COMPLETED,
+    (J.FINALIZING, JT.RESULT_LOST): J.PROGRESSING,
 }
 
 T, TT = TileState, TileTrigger
@@ -155,6 +160,7 @@ _TILE_TABLE: dict[tuple[TileState, TileTrigger], TileState] = {
         (s, TT.REQUEUE): T.QUEUED
         for s in (T.QUEUED, T.FAILED_RETRYABLE, T.FAILED_TERMINAL, T.DEAD_LETTERED)
     },
+    (T.DONE, TT.RESULT_LOST): T.QUEUED,
 }
 del J, JT, T, TT
 

@@ -25,17 +25,18 @@ from services.deadletter import dead_letter
 from services.finalizer.cache import ReadAhead, Result
 from services.worker.heartbeat import Heartbeat
 from shared import crash
-from shared.errors import DecodeError, RetryableError, TerminalError
+from shared.errors import DecodeError, NotFoundError, RetryableError, TerminalError
 from shared.jetstream import ack_sync_retry
 from shared.leases import LeaseOwner
 from shared.lifecycle import IllegalTransition, JobState, JobTrigger
+from shared.logs import Log
 from shared.metadata import Job, Tile
-from shared.objectstore import render_key, sha256_hex
+from shared.objectstore import CorruptObject, render_key, sha256_hex
 from shared.retry import backoff
 from shared.runtime import Runtime
 from shared.tiles import Accumulator, Rect, assemble, from_npy
 
-__all__ = ["Finalizer", "ImageCorrupt"]
+__all__ = ["Finalizer", "ImageCorrupt", "ResultLost"]
 
 #: tile result objects read at once while assembling
 _READS_IN_FLIGHT = 16
@@ -43,6 +44,18 @@ _READS_IN_FLIGHT = 16
 _SETTLED = frozenset(
     {JobState.COMPLETED, JobState.CANCELLED, JobState.FAILED_TERMINAL, JobState.DEAD_LETTERED}
 )
+
+
+class _Missing(Exception):
+    """Internal: one tile's committed result cannot be read intact."""
+
+
+class ResultLost(Exception):
+    """Committed tile results are missing or corrupt: those tiles must be rendered again."""
+
+    def __init__(self, tiles: dict[int, str]) -> None:
+        self.tiles = tiles
+        super().__init__("; ".join(f"tile {i}: {why}" for i, why in sorted(tiles.items())))
 
 
 class ImageCorrupt(RetryableError):
@@ -141,7 +154,7 @@ class Finalizer:
         self.rt.metrics.final_seconds.observe(time.monotonic() - started)
         return True
 
-    async def _publish(self, job: Job, attempt_id: str, log: object) -> None:
+    async def _publish(self, job: Job, attempt_id: str, log: Log) -> None:
         db, store, node = self.rt.db, self.rt.store, self.rt.node
         job = await db.transition_job(
             job.job_id, JobTrigger.ALL_TILES_DONE, node=node, attempt_id=attempt_id
@@ -149,7 +162,11 @@ class Finalizer:
         if job.state is JobState.COMPLETED:
             return
         crash.crash_point("finalizer.after_finalizing")
-        acc = await self._assemble(job)
+        try:
+            acc = await self._assemble(job)
+        except ResultLost as lost:
+            await self._render_again(job, attempt_id, lost, log)
+            return
 
         flt, image = await asyncio.to_thread(kernel.float_image_and_tonemap, acc, job.spp)
         float_key = render_key(job.job_id, _sha(flt), "npy")
@@ -198,30 +215,64 @@ class Finalizer:
         inline = await self.rt.db.tile_results(job.job_id)
         ahead = self.read_ahead.take(job.job_id)
         gate = asyncio.Semaphore(_READS_IN_FLIGHT)
+        lost: dict[int, str] = {}
 
-        async def part(t: Tile) -> tuple[Rect, Accumulator]:
+        async def part(t: Tile) -> tuple[Rect, Accumulator] | None:
+            try:
+                data = await self._result_bytes(t, inline, ahead.get(t.tile_index), gate)
+            except _Missing as exc:
+                lost[t.tile_index] = str(exc)
+                return None
             rect = (t.x0, t.y0, t.x1, t.y1)
-            if not t.result_sha256:
-                raise TerminalError(f"tile {t.tile_index} is done but records no result sha256")
-            held = ahead.get(t.tile_index)
-            if t.result_key and held and (held.key, held.sha256) == (t.result_key, t.result_sha256):
-                data = held.data  # read ahead, and it is what the row names
-            elif t.result_key:
-                async with gate:
-                    data = await self.rt.store.get(t.result_key, sha256=t.result_sha256)
-            elif t.tile_index in inline:
-                sha, data = inline[t.tile_index]
-                if sha != t.result_sha256 or sha256_hex(data) != t.result_sha256:
-                    raise TerminalError(
-                        f"tile {t.tile_index}: its inline result does not match the recorded "
-                        f"sha256 {t.result_sha256}"
-                    )
-            else:
-                raise TerminalError(f"tile {t.tile_index} is done but names no result")
             return rect, from_npy(data, rect)
 
         parts = await asyncio.gather(*(part(t) for t in tiles))
-        return assemble(job.width, job.height, list(parts))
+        if lost:
+            raise ResultLost(lost)
+        return assemble(job.width, job.height, [p for p in parts if p is not None])
+
+    async def _result_bytes(
+        self,
+        t: Tile,
+        inline: dict[int, tuple[str, bytes]],
+        held: Result | None,
+        gate: asyncio.Semaphore,
+    ) -> bytes:
+        """The tile's committed result bytes, checked against its sha256, or :class:`_Missing`."""
+        if not t.result_sha256:
+            raise _Missing("done but records no result sha256")
+        if t.result_key:
+            if held is not None and (held.key, held.sha256) == (t.result_key, t.result_sha256):
+                return held.data  # read ahead, and it is what the row names
+            try:
+                async with gate:
+                    return await self.rt.store.get(t.result_key, sha256=t.result_sha256)
+            except (CorruptObject, NotFoundError) as exc:
+                raise _Missing(f"{t.result_key}: {exc}") from exc
+        if t.tile_index not in inline:
+            raise _Missing("done but names no result")
+        sha, data = inline[t.tile_index]
+        if sha != t.result_sha256 or sha256_hex(data) != t.result_sha256:
+            raise _Missing(
+                f"its inline result does not match the recorded sha256 {t.result_sha256}"
+            )
+        return data
+
+    async def _render_again(self, job: Job, attempt_id: str, lost: ResultLost, log: Log) -> None:
+        """Send the tiles whose results are lost back to rendering; the job leaves finalizing.
+
+        The kernel is deterministic, so a re-rendered tile commits the same bytes; the sweeper
+        re-publishes the tiles (no message, no lease) and their tile-done events finalize the job.
+        """
+        error = str(lost)[:4000]
+        moved = await self.rt.db.result_lost(
+            job.job_id, sorted(lost.tiles), error=error, node=self.rt.node, attempt_id=attempt_id
+        )
+        await self.rt.db.end_attempt(
+            attempt_id, outcome="retryable", error_code="result_lost", error=error
+        )
+        self.rt.metrics.finalization_failures.labels(kind="result_lost").inc()
+        log.warning("tile results lost; rendering those tiles again", tiles=moved, error=error)
 
     async def _fail(self, job_id: str, exc: TerminalError) -> None:
         job = await self.rt.db.transition_job(

@@ -83,7 +83,8 @@ class Planner:
             self.rt.js,
             self.rt.names.event_subject(job_msg.job_id, n.EventKind.TILE_DONE),
             done.encode(),
-            msg_id=f"{n.done_msg_id(job_msg.job_id, last.tile_index)}:gen{job_msg.generation}",
+            msg_id=f"{n.done_msg_id(job_msg.job_id, last.tile_index, last.lease_fence)}"
+            f":gen{job_msg.generation}",
         )
 
 

@@ -132,7 +132,7 @@ class TileRun:
         if job is None or tile is None:
             self.log.warning("tile message for an unknown job or tile; dropping")
         elif tile.state is TileState.DONE:
-            await self._announce(job, tile.tile_index, tile.result_key)
+            await self._announce(job, tile.tile_index, tile.result_key, tile.lease_fence)
             self.log.info("tile already done")
         elif is_terminal(job.state) or job.cancel_requested or is_terminal(tile.state):
             self.log.info("job or tile is final; dropping", state=job.state.value)
@@ -268,10 +268,12 @@ class TileRun:
             self.log.warning("commit refused by the fence: a newer owner has the tile")
             return
         crash.crash_point("worker.after_commit")
-        if outcome is CommitOutcome.ALREADY_DONE:
+        fence = beat.lease.token
+        if outcome is CommitOutcome.ALREADY_DONE:  # someone else's commit: announce theirs
             current = await self.rt.db.get_tile(job.job_id, tile.tile_index)
-            key = current.result_key if current else key
-        await self._announce(job, tile.tile_index, key)
+            if current is not None:
+                key, fence = current.result_key, current.lease_fence
+        await self._announce(job, tile.tile_index, key, fence)
         await self.checkpoints.cleanup(progress)  # (the commit closed the attempt as done)
         await self._release(await beat.stop())
         crash.crash_point("worker.before_ack")
@@ -280,14 +282,16 @@ class TileRun:
         self.rt.metrics.tile_seconds.observe(time.monotonic() - self.started)
         self.log.info("tile done", samples=job.spp, resumed_from=progress.resumed_from)
 
-    async def _announce(self, job: Job, tile_index: int, result_key: str | None) -> None:
+    async def _announce(
+        self, job: Job, tile_index: int, result_key: str | None, fence: int
+    ) -> None:
         # An inline result (no object) is announced with an empty key; the row names it.
         done = TileDone(job.job_id, tile_index, self.attempt_id, result_key or "", job.input_hash)
         ack = await publish(
             self.rt.js,
             self.rt.names.event_subject(job.job_id, n.EventKind.TILE_DONE),
             done.encode(),
-            msg_id=n.done_msg_id(job.job_id, tile_index),
+            msg_id=n.done_msg_id(job.job_id, tile_index, fence),
         )
         self.rt.metrics.published(ack)
 

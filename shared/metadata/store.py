@@ -291,6 +291,22 @@ class MetadataStore(OpsStore):
             ),
         )
 
+    async def result_lost(
+        self,
+        job_id: str,
+        tile_indexes: Sequence[int],
+        *,
+        error: str,
+        node: str = "",
+        attempt_id: str | None = None,
+    ) -> list[int]:
+        """RESULT_LOST in one transaction: the job from ``finalizing`` back to rendering, the
+        named ``done`` tiles back to ``queued`` (result forgotten) to be rendered again."""
+        who = Who(node, attempt_id, "result_lost", error)
+        return await self._tx(
+            "result_lost", lambda c: tiles.result_lost(c, job_id, tile_indexes, who)
+        )
+
     async def tile_results(self, job_id: str) -> dict[int, tuple[str, bytes]]:
         """The job's inline tile results: ``tile_index -> (sha256, data)``."""
         return await self._read("tile_results", lambda c: tiles.inline_results(c, job_id))

@@ -176,6 +176,47 @@ async def move_idle(
     return sorted(moved)
 
 
+async def result_lost(conn: Conn, job_id: str, tile_indexes: Sequence[int], who: Who) -> list[int]:
+    """RESULT_LOST: the job back from ``finalizing`` to rendering, the ``done`` tiles among
+    ``tile_indexes`` back to ``queued`` with their result forgotten; the indexes moved.
+
+    The sweeper re-publishes such a tile (no message, no lease) after ``TESSERA_SWEEP_AGE``.
+    """
+    await jobs.move_job(conn, job_id, JobTrigger.RESULT_LOST, expected=JobState.FINALIZING, who=who)
+    target = transition_tile(TileState.DONE, TileTrigger.RESULT_LOST)
+    rows = await conn.fetch(
+        """
+        UPDATE tiles SET state = $4, result_key = NULL, result_sha256 = NULL, samples_done = 0,
+            last_error_code = $5, last_error = $6, updated_at = now()
+        WHERE job_id = $1 AND tile_index = ANY($2::integer[]) AND state = $3
+        RETURNING tile_index
+        """,
+        job_id,
+        list(tile_indexes),
+        TileState.DONE.value,
+        target.value,
+        who.error_code,
+        who.error,
+    )
+    moved = sorted(r["tile_index"] for r in rows)
+    await conn.execute(
+        "DELETE FROM tile_results WHERE job_id = $1 AND tile_index = ANY($2::integer[])",
+        job_id,
+        moved,
+    )
+    if moved:
+        await audit.record_tile_events(
+            conn,
+            job_id,
+            moved,
+            from_state=TileState.DONE,
+            to_state=target,
+            trigger=TileTrigger.RESULT_LOST,
+            who=who,
+        )
+    return moved
+
+
 async def counts(conn: Conn, job_id: str) -> TileCounts:
     """Per-state counts and the sum of ``samples_done`` (zeros for an unplanned job)."""
     rows = await conn.fetch(

@@ -43,7 +43,7 @@ def test_subjects_keys_and_ids() -> None:
     assert n.lease_key_final(job) == f"final.{job}"
     assert n.job_msg_id(job, 2) == f"job:{job}:2"
     assert n.tile_msg_id(job, 7, 1) == f"tile:{job}:7:1"
-    assert n.done_msg_id(job, 7) == f"done:{job}:7"
+    assert n.done_msg_id(job, 7, 42) == f"done:{job}:7:42"
     assert n.event_msg_id(job, n.EventKind.JOB_COMPLETED, 0) == f"event:{job}:job-completed:0"
     assert n.dlq_msg_id("TILES", 42) == "dlq:TILES:42"
 

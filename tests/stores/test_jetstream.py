@@ -35,8 +35,8 @@ def test_backoff_is_bounded_and_grows() -> None:
 
 async def test_same_msg_id_twice_is_a_duplicate(js: JetStreamContext, topology: Topology):
     subject = topology.names.event_subject("job1", n.EventKind.TILE_DONE)
-    first = await publish(js, subject, b"one", msg_id=n.done_msg_id("job1", 0))
-    again = await publish(js, subject, b"two", msg_id=n.done_msg_id("job1", 0))
+    first = await publish(js, subject, b"one", msg_id=n.done_msg_id("job1", 0, 1))
+    again = await publish(js, subject, b"two", msg_id=n.done_msg_id("job1", 0, 1))
     assert not first.duplicate
     assert again.duplicate is True and again.seq == first.seq
     msg = await js.get_msg(topology.names.stream(n.STREAM_EVENTS), seq=first.seq)
