@@ -8,7 +8,6 @@ the render loop checks between passes, and the tile then stops and commits nothi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 
 from nats.aio.msg import Msg
@@ -36,6 +35,7 @@ class Heartbeat:
         self.renewals = 0
         self.last_renewed = time.monotonic()
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     def start(self) -> Heartbeat:
         """Begin beating."""
@@ -43,16 +43,26 @@ class Heartbeat:
         return self
 
     async def stop(self) -> Lease:
-        """Stop beating; returns the latest lease (its revision is the release's CAS base)."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        """Stop beating; returns the latest lease (its revision is the release's CAS base).
+
+        The task is cancelled until it is done: on Python 3.11 ``asyncio.wait_for`` (inside the
+        NATS client) can swallow a cancel that lands as its request completes, and a heartbeat
+        that survived its cancel would renew the lease forever. ``asyncio.wait`` never raises
+        the task's cancellation into the caller, so a cancel of the caller itself still
+        propagates.
+        """
+        self._stopping = True
+        task = self._task
+        while task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=0.1)
         return self.lease
 
     async def _beat(self) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.interval)
+            if self._stopping:
+                return
             try:
                 renewed = await self.leases.renew(self.lease)
                 crash.crash_point("worker.during_renew")

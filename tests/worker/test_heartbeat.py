@@ -1,0 +1,50 @@
+"""The heartbeat stops for good even when a cancel is swallowed inside a renew.
+
+On Python 3.11 ``asyncio.wait_for`` (used by the NATS client for every request) can swallow a
+cancellation that arrives as its request completes; a real server cannot be made to hit that
+window on demand, so this is the one place a fake lease store is used: its renew swallows the
+first cancel exactly as that race does. (The heartbeat against real NATS is exercised by every
+end-to-end and chaos test.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+from services.worker.heartbeat import Heartbeat
+from shared.leases import Lease, LeaseOwner
+from shared.logs import Log
+
+
+class SwallowingLeases:
+    """``renew`` that eats the first cancel (as the wait_for race does) and counts calls."""
+
+    def __init__(self) -> None:
+        self.renews = 0
+        self.swallowed = 0
+        self.in_renew = asyncio.Event()
+
+    async def renew(self, lease: Lease) -> Lease:
+        self.renews += 1
+        self.in_renew.set()
+        try:
+            await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            if self.swallowed:
+                raise
+            self.swallowed += 1  # the reply "arrived" as the cancel did: the cancel is lost
+        return dataclasses.replace(lease, revision=lease.revision + 1)
+
+
+async def test_stop_survives_a_swallowed_cancel_and_no_renew_follows() -> None:
+    lease = Lease("tile.j.0", token=1, revision=1, owner=LeaseOwner("n", "a"), ttl=2)
+    leases = SwallowingLeases()
+    beat = Heartbeat(leases, lease, None, 0.01, Log("test")).start()  # type: ignore[arg-type]
+    await asyncio.wait_for(leases.in_renew.wait(), 5)
+    stopped = await asyncio.wait_for(beat.stop(), 5)  # bounded: a lost cancel must not hang it
+    assert leases.swallowed == 1
+    assert stopped.revision == 2, "the renew that landed is the release's CAS base"
+    renews = leases.renews
+    await asyncio.sleep(0.1)  # ten heartbeat intervals
+    assert leases.renews == renews, "the heartbeat renewed after stop()"
