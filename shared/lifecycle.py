@@ -15,6 +15,7 @@ Job (``FR`` failed_retryable, ``FT`` failed_terminal, ``DL`` dead_lettered)::
     FR           running  progr.   progr.   final.   -         FR        FT       DL   canc.  queued
     FT, DL       -        -        -        -        -         -         -        -    -      queued
     completed, cancelled: no moves.
+    result_lost: finalizing -> progressing only.
 
 ``failed_retryable`` is "the last attempt failed, the system will try again": any forward event
 (a redelivered plan or tile-done) resumes the job; an operator ``retry`` restarts it.
@@ -27,13 +28,15 @@ Tile::
     progressing  leased  progr.    done    FR         FT        DL    queued      -        canc.
     FR           leased  -         -       -          -         DL    -           queued   canc.
     FT, DL       -       -         -       -          -         -     -           queued   -
-    done, cancelled: no moves (a late duplicate commit on a done tile is illegal).
+    done: result_lost -> queued only (a late duplicate commit on a done tile is illegal).
+    cancelled: no moves.
 
 Re-leasing a ``leased``/``progressing`` tile is legal: its previous owner crashed and the lease
 expired (the lease itself, not this table, decides who may take it). ``requeue`` from ``queued``
 is the sweeper re-publishing a lost message. Tiles have a ``cancelled`` state (not in the
 design's list) so a worker that sees its job cancelled mid-render records why it stopped instead
-of leaving the tile ``progressing`` forever.
+of leaving the tile ``progressing`` forever. ``result_lost`` is the finalizer finding a committed
+result missing or corrupt: the tile is rendered again and the job goes back to rendering.
 """
 
 from __future__ import annotations
