@@ -45,7 +45,7 @@ async def consume(
     inflight: set[asyncio.Task[None]] = set()
     # ``on_stop`` runs as soon as ``stop`` is set, not when a pending fetch gives up (up to
     # ``fetch_wait`` later): in-flight work starts handing back at once.
-    stopping = asyncio.create_task(_call_on(stop, on_stop))
+    stopping = asyncio.create_task(_call_on(stop, on_stop)) if on_stop is not None else None
     try:
         while not stop.is_set():
             free = slots - len(inflight)
@@ -75,7 +75,8 @@ async def consume(
                 inflight.add(task)
                 task.add_done_callback(inflight.discard)
     finally:
-        stopping.cancel()
+        if stopping is not None:
+            stopping.cancel()
         if on_stop is not None:
             on_stop()  # (again, if ``stop`` was set: it must be idempotent)
         if inflight:
@@ -88,10 +89,9 @@ async def consume(
             await sub.unsubscribe()
 
 
-async def _call_on(stop: asyncio.Event, on_stop: Callable[[], None] | None) -> None:
+async def _call_on(stop: asyncio.Event, on_stop: Callable[[], None]) -> None:
     await stop.wait()
-    if on_stop is not None:
-        on_stop()
+    on_stop()
 
 
 async def _guarded(handler: Handler, msg: Msg, log: Log) -> None:

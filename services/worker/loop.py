@@ -36,7 +36,6 @@ class Worker:
         self.log = rt.log.bind(component="worker")
         self.slots = rt.settings.tuning.worker_slots or os.cpu_count() or 1
         self.kernels = KernelThreads(self.slots)
-        self.executor = self.kernels.executor
         # Tiles in hand: twice the renderers, so while one tile of a slot does its I/O (result
         # write, fenced commit, tile-done, release, ack; then fetch, lease, fence the next) the
         # other's passes keep the core busy. Passes of the tiles in hand share the threads.
@@ -66,7 +65,7 @@ class Worker:
             )
         finally:
             await cancels.unsubscribe()
-            self.executor.shutdown(wait=False, cancel_futures=True)
+            self.kernels.executor.shutdown(wait=False, cancel_futures=True)
 
     async def _on_cancel(self, msg: Msg) -> None:
         # The subject's job token is enough; the event body is for watchers.

@@ -192,7 +192,7 @@ class TileRun:
         self, job: Job, tile: Tile, acc: Accumulator, progress: Progress, beat: Heartbeat
     ) -> None:
         tuning = self.rt.settings.tuning
-        prepared = await self.w.scenes.get(job, self.w.executor)
+        prepared = await self.w.scenes.get(job, self.w.kernels.executor)
         rect = _rect(tile)
         size = tuning.samples_per_pass
         last_checkpoint = time.monotonic()

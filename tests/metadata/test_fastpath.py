@@ -131,7 +131,7 @@ async def test_fence_fast_path_matches_the_transaction(
         assert await _rows(store, fast_job) == await _rows(store, slow_job), case
     if TileTrigger.LEASE in tile_legal_events(tile_state):
         # the common case: never leased, job progressing, no cancel, fence below the token
-        assert taken == 2, case
+        assert taken == 2, f"{tile_state}: the two never-leased cases below the token"
     else:
         assert taken == 0
 
