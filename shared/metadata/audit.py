@@ -118,10 +118,11 @@ async def start_attempt(
     )
 
 
-_EVENT_COLUMNS = (
+EVENT_COLUMNS = (
     "job_id, tile_index, attempt_id, node, entity, from_state, to_state, trigger, error_code,"
     " error, detail"
 )
+"""The ``job_events`` columns a combined statement fills, in the order of its values."""
 
 
 def _tile_event(tile: Tile, to_state: str, trigger: str, who: Who) -> tuple[object, ...]:
@@ -159,7 +160,7 @@ async def start_tile_attempt(
             VALUES ($3, $1, $2, 'tile', $4, $11, $12)
             ON CONFLICT (attempt_id) DO NOTHING
         )
-        INSERT INTO job_events ({_EVENT_COLUMNS})
+        INSERT INTO job_events ({EVENT_COLUMNS})
         VALUES ($1, $2, $3, $4, 'tile', $5, $6, $7, $8, $9, $10)
         """,
         *_tile_event(tile, to_state, trigger, who),
@@ -179,7 +180,7 @@ async def end_tile_attempt(
             UPDATE attempts SET ended_at = now(), outcome = $11
             WHERE attempt_id = $3 AND ended_at IS NULL
         )
-        INSERT INTO job_events ({_EVENT_COLUMNS})
+        INSERT INTO job_events ({EVENT_COLUMNS})
         VALUES ($1, $2, $3, $4, 'tile', $5, $6, $7, $8, $9, $10)
         """,
         *_tile_event(tile, to_state, trigger, who),

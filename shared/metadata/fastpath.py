@@ -32,7 +32,7 @@ from shared.lifecycle import (
     transition_job,
     transition_tile,
 )
-from shared.metadata.audit import Conn, Who
+from shared.metadata.audit import EVENT_COLUMNS, Conn, Who
 from shared.metadata.models import Tile
 
 
@@ -65,11 +65,6 @@ _STARTED_QUIET = quiet_job_states(JobTrigger.TILE_STARTED)
 _PROGRESS_QUIET = quiet_job_states(JobTrigger.TILE_PROGRESS)
 _COMMIT_FROM, _COMMIT_TO = _moves(TileTrigger.COMMIT)
 
-_EVENT_COLUMNS = (
-    "job_id, tile_index, attempt_id, node, entity, from_state, to_state, trigger, error_code,"
-    " error, detail"
-)
-
 _FENCE = f"""
 WITH moved AS (
     UPDATE tiles t SET lease_fence = $3, state = $6, samples_done = $7,
@@ -84,7 +79,7 @@ WITH moved AS (
     SELECT $4, $1, $2, 'tile', $9, $3, $7 FROM moved
     ON CONFLICT (attempt_id) DO NOTHING
 ), audited AS (
-    INSERT INTO job_events ({_EVENT_COLUMNS})
+    INSERT INTO job_events ({EVENT_COLUMNS})
     SELECT $1, $2, $4, $9, 'tile', $5, $6, $10, NULL, NULL, $11 FROM moved
 )
 SELECT count(*) FROM moved
@@ -107,7 +102,7 @@ WITH cur AS (
     UPDATE attempts SET ended_at = now(), outcome = 'done'
     WHERE attempt_id = $4 AND ended_at IS NULL AND EXISTS (SELECT 1 FROM moved)
 ), audited AS (
-    INSERT INTO job_events ({_EVENT_COLUMNS})
+    INSERT INTO job_events ({EVENT_COLUMNS})
     SELECT $1, $2, $4, $12, 'tile', from_state, to_state, $13, NULL, NULL, NULL FROM moved
 ), stored AS (
     INSERT INTO tile_results (job_id, tile_index, sha256, data)
