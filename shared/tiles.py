@@ -19,7 +19,17 @@ from shared.errors import DecodeError
 Rect = tuple[int, int, int, int]
 Accumulator = npt.NDArray[np.float64]
 
-__all__ = ["Accumulator", "Rect", "assemble", "from_npy", "plan_rects", "to_npy", "zeros_for"]
+__all__ = [
+    "Accumulator",
+    "Rect",
+    "assemble",
+    "fits",
+    "from_npy",
+    "load_npy",
+    "plan_rects",
+    "to_npy",
+    "zeros_for",
+]
 
 
 def plan_rects(width: int, height: int, tile_size: int) -> list[Rect]:
@@ -46,14 +56,33 @@ def to_npy(acc: Accumulator) -> bytes:
     return buf.getvalue()
 
 
-def from_npy(data: bytes, rect: Rect) -> Accumulator:
-    """Parse ``.npy`` bytes into an accumulator of ``rect``'s shape, or raise DecodeError."""
+def load_npy(data: bytes) -> Accumulator:
+    """Parse ``.npy`` bytes of some accumulator, or raise DecodeError (the array may be read-only).
+
+    :func:`from_npy` also checks the shape against a tile; this is for a reader that learns
+    the tile later.
+    """
     try:
         arr = np.load(io.BytesIO(data), allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
         raise DecodeError(f"accumulator is not a valid .npy file: {exc}") from exc
-    expected = zeros_for(rect).shape
-    if arr.dtype != np.float64 or arr.shape != expected:
+    if arr.dtype != np.float64 or arr.ndim != 3 or arr.shape[2] != 3:
+        raise DecodeError(f"accumulator has {arr.dtype} {arr.shape}, expected float64 (h, w, 3)")
+    acc: Accumulator = arr
+    return acc
+
+
+def fits(acc: Accumulator, rect: Rect) -> bool:
+    """True if ``acc`` has the shape of ``rect``'s accumulator."""
+    x0, y0, x1, y1 = rect
+    return acc.shape == (y1 - y0, x1 - x0, 3)
+
+
+def from_npy(data: bytes, rect: Rect) -> Accumulator:
+    """Parse ``.npy`` bytes into an accumulator of ``rect``'s shape, or raise DecodeError."""
+    arr = load_npy(data)
+    if not fits(arr, rect):
+        expected = zeros_for(rect).shape
         raise DecodeError(f"accumulator has {arr.dtype} {arr.shape}, expected float64 {expected}")
     out: Accumulator = np.array(arr, dtype=np.float64, copy=True)
     return out

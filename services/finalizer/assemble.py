@@ -34,7 +34,7 @@ from shared.metadata import Job, Tile
 from shared.objectstore import CorruptObject, render_key, sha256_hex
 from shared.retry import backoff
 from shared.runtime import Runtime
-from shared.tiles import Accumulator, Rect, assemble, from_npy
+from shared.tiles import Accumulator, Rect, assemble, fits, from_npy, load_npy
 
 __all__ = ["Finalizer", "ImageCorrupt", "ResultLost"]
 
@@ -116,10 +116,11 @@ class Finalizer:
             return
         try:
             data = await self.rt.store.get(key)
-        except (RetryableError, TerminalError) as exc:
+            acc = load_npy(data)
+        except (RetryableError, TerminalError) as exc:  # (a DecodeError is terminal)
             self.log.debug("read-ahead missed", job_id=done.job_id, key=key, error=str(exc))
             return
-        self.read_ahead.put(done.job_id, done.tile_index, Result(key, sha256_hex(data), data))
+        self.read_ahead.put(done.job_id, done.tile_index, Result(key, sha256_hex(data), acc))
 
     async def finalize(self, job_id: str, msg: Msg | None) -> bool:
         """Finalize ``job_id`` if it is ready; False when the message must be retried later."""
@@ -207,43 +208,51 @@ class Finalizer:
     async def _assemble(self, job: Job) -> Accumulator:
         """Every committed tile result, verified against its recorded sha256, in one image.
 
-        Small results come inline from the database in one query; objects read ahead are taken
-        as held when the row names the same key and sha256; the rest are read a few at a time
-        (a bound on open requests to the store).
+        Small results come inline from the database in one query; results read ahead are used
+        as held when the row names the same key and sha256 and the shape fits; the rest are
+        read a few at a time (a bound on open requests to the store).
         """
         tiles = await self.rt.db.list_tiles(job.job_id)
         inline = await self.rt.db.tile_results(job.job_id)
         ahead = self.read_ahead.take(job.job_id)
         gate = asyncio.Semaphore(_READS_IN_FLIGHT)
         lost: dict[int, str] = {}
+        parts: list[tuple[Rect, Accumulator]] = []
+        to_read: list[Tile] = []
+        for t in tiles:
+            held = ahead.get(t.tile_index)
+            rect = (t.x0, t.y0, t.x1, t.y1)
+            if (
+                held is not None
+                and t.result_sha256
+                and (held.key, held.sha256) == (t.result_key, t.result_sha256)
+                and fits(held.acc, rect)
+            ):
+                parts.append((rect, held.acc))  # read ahead, and it is what the row names
+            else:
+                to_read.append(t)
 
-        async def part(t: Tile) -> tuple[Rect, Accumulator] | None:
+        async def part(t: Tile) -> None:
+            rect = (t.x0, t.y0, t.x1, t.y1)
             try:
-                data = await self._result_bytes(t, inline, ahead.get(t.tile_index), gate)
+                data = await self._result_bytes(t, inline, gate)
             except _Missing as exc:
                 lost[t.tile_index] = str(exc)
-                return None
-            rect = (t.x0, t.y0, t.x1, t.y1)
-            return rect, from_npy(data, rect)
+                return
+            parts.append((rect, from_npy(data, rect)))
 
-        parts = await asyncio.gather(*(part(t) for t in tiles))
+        await asyncio.gather(*(part(t) for t in to_read))
         if lost:
             raise ResultLost(lost)
-        return assemble(job.width, job.height, [p for p in parts if p is not None])
+        return assemble(job.width, job.height, parts)
 
     async def _result_bytes(
-        self,
-        t: Tile,
-        inline: dict[int, tuple[str, bytes]],
-        held: Result | None,
-        gate: asyncio.Semaphore,
+        self, t: Tile, inline: dict[int, tuple[str, bytes]], gate: asyncio.Semaphore
     ) -> bytes:
         """The tile's committed result bytes, checked against its sha256, or :class:`_Missing`."""
         if not t.result_sha256:
             raise _Missing("done but records no result sha256")
         if t.result_key:
-            if held is not None and (held.key, held.sha256) == (t.result_key, t.result_sha256):
-                return held.data  # read ahead, and it is what the row names
             try:
                 async with gate:
                     return await self.rt.store.get(t.result_key, sha256=t.result_sha256)

@@ -1,10 +1,12 @@
 """Read-ahead of tile results, so finalization does not start by reading every tile.
 
 Each tile-done event names its result object; the finalizer that receives it reads the object
-right away, while the other tiles still render, and keeps the bytes with their sha256 here. The
-finalizer that finalizes the job uses an entry only if the tile row (the source of truth) names
-the same object and the same sha256; anything missing or different is read from the store as
-before. Several finalizers each hold what their own events named; none depends on it.
+right away, while the other tiles still render, and keeps the parsed accumulator here with the
+sha256 of the bytes it was parsed from (parsing a ``.npy`` header is most of the cost of using
+one, so that is done early too). The finalizer that finalizes the job uses an entry only if the
+tile row (the source of truth) names the same object and the same sha256 and the accumulator
+has the tile's shape; anything missing or different is read from the store as before. Several
+finalizers each hold what their own events named; none depends on it.
 
 Bounded in bytes: past the budget, whole jobs are dropped, least recently touched first.
 """
@@ -14,15 +16,17 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import NamedTuple
 
+from shared.tiles import Accumulator
+
 __all__ = ["ReadAhead", "Result"]
 
 
 class Result(NamedTuple):
-    """One tile result as read: its object key, the sha256 of ``data``, the bytes."""
+    """One tile result as read: its object key, the sha256 of its bytes, what they hold."""
 
     key: str
     sha256: str
-    data: bytes
+    acc: Accumulator
 
 
 class ReadAhead:
@@ -39,21 +43,21 @@ class ReadAhead:
 
     def put(self, job_id: str, tile_index: int, result: Result) -> None:
         """Hold ``result`` (a result larger than the whole budget is not held)."""
-        if len(result.data) > self.budget:
+        if result.acc.nbytes > self.budget:
             return
         tiles = self._jobs.setdefault(job_id, {})
         self._jobs.move_to_end(job_id)
         old = tiles.get(tile_index)
         if old is not None:
-            self.bytes -= len(old.data)
+            self.bytes -= old.acc.nbytes
         tiles[tile_index] = result
-        self.bytes += len(result.data)
+        self.bytes += result.acc.nbytes
         while self.bytes > self.budget:
             _, dropped = self._jobs.popitem(last=False)
-            self.bytes -= sum(len(r.data) for r in dropped.values())
+            self.bytes -= sum(r.acc.nbytes for r in dropped.values())
 
     def take(self, job_id: str) -> dict[int, Result]:
         """The job's results, no longer held."""
         tiles = self._jobs.pop(job_id, {})
-        self.bytes -= sum(len(r.data) for r in tiles.values())
+        self.bytes -= sum(r.acc.nbytes for r in tiles.values())
         return tiles

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from services.finalizer.cache import ReadAhead, Result
 
 
+def _acc(nbytes: int) -> np.ndarray:
+    return np.zeros((1, nbytes // 24, 3))  # float64: 24 bytes a pixel
+
+
 def test_read_ahead_is_bounded_by_whole_jobs() -> None:
-    cache = ReadAhead(budget=100)
-    cache.put("a", 0, Result("k0", "s0", b"x" * 40))
-    cache.put("b", 0, Result("k1", "s1", b"x" * 40))
-    cache.put("a", 1, Result("k2", "s2", b"x" * 10))  # touches "a": "b" is now the oldest
-    cache.put("c", 0, Result("k3", "s3", b"x" * 30))  # 120 bytes: drop "b" (40)
-    assert cache.bytes == 80 and not cache.has("b", 0) and cache.has("a", 1)
-    cache.put("d", 0, Result("k4", "s4", b"x" * 101))  # larger than the budget: not held
+    cache = ReadAhead(budget=2400)
+    cache.put("a", 0, Result("k0", "s0", _acc(960)))
+    cache.put("b", 0, Result("k1", "s1", _acc(960)))
+    cache.put("a", 1, Result("k2", "s2", _acc(240)))  # touches "a": "b" is now the oldest
+    cache.put("c", 0, Result("k3", "s3", _acc(720)))  # 2880 bytes: drop "b" (960)
+    assert cache.bytes == 1920 and not cache.has("b", 0) and cache.has("a", 1)
+    cache.put("d", 0, Result("k4", "s4", _acc(2424)))  # larger than the budget: not held
     assert not cache.has("d", 0)
-    assert cache.take("a") == {0: Result("k0", "s0", b"x" * 40), 1: Result("k2", "s2", b"x" * 10)}
-    assert cache.bytes == 30 and cache.take("a") == {}
+    held = cache.take("a")
+    assert sorted(held) == [0, 1] and [held[0].key, held[1].key] == ["k0", "k2"]
+    assert held[0].acc.nbytes == 960 and held[1].acc.nbytes == 240
+    assert cache.bytes == 720 and cache.take("a") == {}
