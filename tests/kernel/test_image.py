@@ -66,6 +66,10 @@ def test_in_place_tone_mapping_equals_the_formula_bit_for_bit() -> None:
     acc.flat[1::89] = np.inf
     acc.flat[2::83] = -np.inf
     acc.flat[3::79] = -1.0
+    acc.flat[4::73] = 0.0  # zeros skip the power
+    acc.flat[5::71] = -0.0
+    acc.flat[6::67] = 5e-324  # the smallest subnormal: not zero, so it takes the power
+    acc.flat[7::61] = 16.0  # exactly 1 after the mean
     before = acc.copy()
     np.testing.assert_array_equal(kernel.tonemap(acc, 16), _tonemap_by_the_formula(acc, 16))
     np.testing.assert_array_equal(acc, before)  # the caller's accumulator is left alone
