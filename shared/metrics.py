@@ -125,6 +125,15 @@ class Metrics:
             "Finalizations that failed (retryable: retried later; terminal: dead-lettered)",
             ["kind"], registry=r,
         )  # fmt: skip
+        self.final_results = Counter(
+            "tessera_finalization_results",
+            "Tile results assembled, by where they came from (read_ahead, store, inline)",
+            ["source"], registry=r,
+        )  # fmt: skip
+        self.read_ahead_bytes = Gauge(
+            "tessera_finalizer_read_ahead_bytes",
+            "Bytes of tile results the finalizer holds, read ahead of finalization", registry=r,
+        )  # fmt: skip
         self.requeued = Counter(
             "tessera_dlq_requeued", "Dead letters requeued by an operator", ["unit"], registry=r
         )

@@ -121,6 +121,7 @@ class Finalizer:
             self.log.debug("read-ahead missed", job_id=done.job_id, key=key, error=str(exc))
             return
         self.read_ahead.put(done.job_id, done.tile_index, Result(key, sha256_hex(data), acc))
+        self.rt.metrics.read_ahead_bytes.set(self.read_ahead.bytes)
 
     async def finalize(self, job_id: str, msg: Msg | None) -> bool:
         """Finalize ``job_id`` if it is ready; False when the message must be retried later."""
@@ -132,6 +133,7 @@ class Finalizer:
         job = await db.get_job(job_id)
         if job is None or job.state in _SETTLED:
             self.read_ahead.take(job_id)
+            self.rt.metrics.read_ahead_bytes.set(self.read_ahead.bytes)
             return True
         attempt_id = uuid.uuid4().hex
         owner = LeaseOwner(node=self.rt.node, attempt_id=attempt_id)
@@ -215,6 +217,7 @@ class Finalizer:
         tiles = await self.rt.db.list_tiles(job.job_id)
         inline = await self.rt.db.tile_results(job.job_id)
         ahead = self.read_ahead.take(job.job_id)
+        self.rt.metrics.read_ahead_bytes.set(self.read_ahead.bytes)
         gate = asyncio.Semaphore(_READS_IN_FLIGHT)
         lost: dict[int, str] = {}
         parts: list[tuple[Rect, Accumulator]] = []
@@ -244,6 +247,10 @@ class Finalizer:
         await asyncio.gather(*(part(t) for t in to_read))
         if lost:
             raise ResultLost(lost)
+        sources = self.rt.metrics.final_results
+        sources.labels(source="read_ahead").inc(len(tiles) - len(to_read))
+        sources.labels(source="store").inc(sum(1 for t in to_read if t.result_key))
+        sources.labels(source="inline").inc(sum(1 for t in to_read if not t.result_key))
         return assemble(job.width, job.height, parts)
 
     async def _result_bytes(

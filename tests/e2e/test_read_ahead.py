@@ -29,6 +29,16 @@ from tests.harness import ServiceProcesses
 from tests.helpers import eventually
 
 
+def _results(rt: Runtime) -> dict[str, float | None]:
+    sample = rt.metrics.registry.get_sample_value
+    name = "tessera_finalization_results_total"
+    return {s: sample(name, {"source": s}) for s in ("read_ahead", "store", "inline")}
+
+
+def _held_bytes(rt: Runtime) -> float | None:
+    return rt.metrics.registry.get_sample_value("tessera_finalizer_read_ahead_bytes")
+
+
 async def _committed(
     services: ServiceProcesses, client: TesseraClient, db: MetadataStore, body: dict[str, object]
 ) -> str:
@@ -68,6 +78,7 @@ async def test_held_results_the_rows_do_not_name_are_not_used(
         wrong_shape = np.zeros((8, 16, 3))
         held.put(job_id, 2, Result(t2.result_key, t2.result_sha256 or "", wrong_shape))
         assert await finalizer.finalize(job_id, None)
+        assert _results(rt) == {"read_ahead": 0, "store": 4, "inline": 0}
     finally:
         await rt.close()
     status = await client.status(job_id)
@@ -96,7 +107,10 @@ async def test_held_results_the_rows_name_are_used(
         for t in tiles:  # gone from the store: only the held copies can make the image
             assert t.result_key
             objects.path_of(t.result_key).unlink()
+        assert _held_bytes(rt) == 4 * 16 * 16 * 3 * 8  # four float64 16x16 accumulators
         assert await finalizer.finalize(job_id, None)
+        assert _results(rt) == {"read_ahead": 4, "store": 0, "inline": 0}
+        assert _held_bytes(rt) == 0
     finally:
         await rt.close()
     status = await client.status(job_id)
