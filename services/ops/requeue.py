@@ -15,16 +15,18 @@ unit        rows                                  action
 ``tile-i``  tile queued / failed_retryable, job   **replay**: an earlier requeue moved the rows
             live                                  but its publish or clean-up was cut short;
                                                   publish again under the same generation
-``job``     job dead_lettered / failed_terminal   **requeue**: ``retry_job`` + JobMessage
-``job``     job queued at generation > 0          **replay** of that retry's JobMessage
+``job``,    job dead_lettered / failed_terminal   **requeue**: ``retry_job`` + JobMessage (for
+``final``                                         ``final``, every tile is done: the planner
+                                                  then hands the job to the finalizer again)
+``job``,    job queued at generation > 0          **replay** of that retry's JobMessage
+``final``
 anything    otherwise (done, completed,           **skip**, saying why; the letter stays
             cancelled, unknown job, malformed)
 ==========  ====================================  ==========================================
 
 The letter is deleted from the DLQ stream only **after** the republish was acknowledged, so a
 crash in between leaves the letter for the next requeue (which then replays: every message id
-is the same, so JetStream absorbs the copy). ``final`` letters are skipped: their job's tiles
-are all done, so a retry would publish nothing to finalize (see docs/operations.md).
+is the same, so JetStream absorbs the copy).
 """
 
 from __future__ import annotations
@@ -103,9 +105,9 @@ class Requeuer:
             return replace(base, why="the job does not exist")
         if base.tile is not None:
             return await self._plan_tile(base, job, base.tile)
-        if letter.unit == n.DLQ_UNIT_JOB:
+        if letter.unit in (n.DLQ_UNIT_JOB, n.DLQ_UNIT_FINAL):
             return _plan_job(base, job)
-        return replace(base, why="a finalization dead letter: fix the cause, then retry the job")
+        return replace(base, why=f"unknown dead letter unit {letter.unit!r}: purge it")
 
     async def _plan_tile(self, base: Plan, job: Job, index: int) -> Plan:
         tile = await self.rt.db.get_tile(job.job_id, index)

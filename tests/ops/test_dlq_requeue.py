@@ -1,4 +1,8 @@
-"""A poison tile is dead-lettered (and counted); a dry run writes nothing; requeue re-renders."""
+"""Poison is dead-lettered (and counted); a dry run writes nothing; requeue finishes the job.
+
+A poison tile is re-rendered; a poison finalization (a finalizer that dies on the job's
+tile-done event every time) is handed back to the finalizer with every tile still done.
+"""
 
 from __future__ import annotations
 
@@ -77,6 +81,51 @@ async def _scenario(procs, client, db, objects, nc, settings, tessera) -> None:
     assert tile is not None and tile.generation == before[2][0][1] + 1
     triggers = [e.trigger for e in await db.job_events(job_id) if e.tile_index == 0]
     assert "requeue" in triggers, triggers
+
+
+async def test_a_finalization_dead_letter_requeued_finalizes_the_job(
+    e2e_env: dict[str, str],
+    tmp_path: Path,
+    client: TesseraClient,
+    db: MetadataStore,
+    objects: ObjectStore,
+    tessera: CliRunner,
+) -> None:
+    procs = ServiceProcesses(e2e_env | {"TESSERA_MAX_DELIVER": "2"}, tmp_path / "logs")
+    try:
+        for service in ("gateway", "scheduler"):
+            procs.start(service)
+        procs.start("worker", name="worker-1")
+        poison = {"TESSERA_CRASH_AT": "finalizer.after_finalizing"}
+        finalizer = procs.start("finalizer", env=poison)
+        body = request(width=16, height=16, spp=4, tile_size=16)  # one tile: one tile-done event
+        job_id = (await submit(client, body))["job_id"]
+        for _ in range(2):  # each delivery kills the finalizer as it starts finalizing
+            assert finalizer.wait(timeout=60) is not None, procs.logs()
+            finalizer = procs.restart("finalizer", env=poison)  # its pull lets the advisory out
+
+        async def dead() -> bool:
+            return (await client.status(job_id))["state"] == "dead_lettered"
+
+        await eventually(dead, timeout=60, what="the job is dead-lettered")
+        letters = (await client.dlq_list(job_id=job_id))["dead_letters"]
+        assert [letter["unit"] for letter in letters] == [n.DLQ_UNIT_FINAL], letters
+        renders = [a.attempt_id for a in await db.attempts(job_id) if a.kind != "final"]
+        assert len(renders) == 1
+
+        procs.procs["finalizer"].stop()
+        procs.start("finalizer")  # a healthy finalizer
+        real = await tessera("dlq", "requeue", "--job", job_id, "--rate", "5/s")
+        assert real.status == 0, real.err
+        assert "requeued 1" in real.out, real.out
+        status = await settle(client, job_id, procs)
+        assert await result_bytes(objects, status) == reference_png(body)
+        assert status["generation"] == 1
+        assert (await client.dlq_list(job_id=job_id))["dead_letters"] == []
+        attempts = await db.attempts(job_id)
+        assert [a.attempt_id for a in attempts if a.kind != "final"] == renders, "re-rendered"
+    finally:
+        procs.stop_all()
 
 
 async def _state(js, names: n.Names, db: MetadataStore, job_id: str) -> tuple[Any, ...]:
