@@ -66,6 +66,9 @@ def load_npy(data: bytes) -> Accumulator:
         arr = np.load(io.BytesIO(data), allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
         raise DecodeError(f"accumulator is not a valid .npy file: {exc}") from exc
+    if not isinstance(arr, np.ndarray):  # an .npz archive loads as a lazy NpzFile
+        arr.close()
+        raise DecodeError("accumulator is an .npz archive, not an .npy array")
     if arr.dtype != np.float64 or arr.ndim != 3 or arr.shape[2] != 3:
         raise DecodeError(f"accumulator has {arr.dtype} {arr.shape}, expected float64 (h, w, 3)")
     acc: Accumulator = arr

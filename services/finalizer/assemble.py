@@ -80,7 +80,7 @@ class Finalizer:
             await dead_letter(self.rt, msg, job_id=None, unit=n.DLQ_UNIT_FINAL, error=exc)
             await msg.term()
             return
-        await self._read_ahead(done)
+        await self.read_ahead_result(done)
         try:
             settled = await self.finalize(done.job_id, msg)
         except IllegalTransition as exc:  # cancelled or failed meanwhile: nothing to publish
@@ -103,7 +103,7 @@ class Finalizer:
         if settled:
             await ack_sync_retry(msg)
 
-    async def _read_ahead(self, done: TileDone) -> None:
+    async def read_ahead_result(self, done: TileDone) -> None:
         """Read the event's result object now, while other tiles still render (best effort).
 
         An inline result (no key) is not read here: finalization reads all of those in one

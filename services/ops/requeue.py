@@ -18,8 +18,9 @@ unit        rows                                  action
 ``job``,    job dead_lettered / failed_terminal   **requeue**: ``retry_job`` + JobMessage (for
 ``final``                                         ``final``, every tile is done: the planner
                                                   then hands the job to the finalizer again)
-``job``,    job queued at generation > 0          **replay** of that retry's JobMessage
-``final``
+``job``,    job live (not terminal) at            **replay** of that retry's JobMessage: the
+``final``   generation > 0                        letter is older than the retry (a job with
+                                                  several letters is retried by the first)
 anything    otherwise (done, completed,           **skip**, saying why; the letter stays
             cancelled, unknown job, malformed)
 ==========  ====================================  ==========================================
@@ -194,7 +195,7 @@ def _plan_job(base: Plan, job: Job) -> Plan:
         gen = job.generation + 1
         why = f"job is {job.state.value}: retry as generation {gen}"
         return replace(base, action=REQUEUE, why=why, generation=gen)
-    if job.state is JobState.QUEUED and job.generation > 0:
-        why = f"job already retried: publish generation {job.generation} again"
+    if not is_terminal(job.state) and job.generation > 0:
+        why = f"job already retried ({job.state.value}): publish generation {job.generation} again"
         return replace(base, action=REPLAY, why=why, generation=job.generation)
     return replace(base, why=f"job is {job.state.value}: nothing to retry")

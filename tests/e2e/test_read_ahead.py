@@ -101,7 +101,7 @@ async def test_held_results_the_rows_name_are_used(
         for t in tiles:  # what each tile-done event makes the finalizer read ahead
             assert t.result_key
             done = TileDone(job_id, t.tile_index, "attempt", t.result_key, "input-hash")
-            await finalizer._read_ahead(done)
+            await finalizer.read_ahead_result(done)
             assert finalizer.read_ahead.has(job_id, t.tile_index)
         assert isinstance(objects, DirectoryStore)
         for t in tiles:  # gone from the store: only the held copies can make the image

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
+import pytest
 
 from services.finalizer.cache import ReadAhead, Result
+from shared.errors import DecodeError
+from shared.tiles import load_npy, to_npy
 
 
 def _acc(nbytes: int) -> np.ndarray:
@@ -24,3 +29,16 @@ def test_read_ahead_is_bounded_by_whole_jobs() -> None:
     assert sorted(held) == [0, 1] and [held[0].key, held[1].key] == ["k0", "k2"]
     assert held[0].acc.nbytes == 960 and held[1].acc.nbytes == 240
     assert cache.bytes == 720 and cache.take("a") == {}
+
+
+def test_only_a_float64_npy_array_parses_as_a_result() -> None:
+    acc = np.arange(2 * 3 * 3, dtype=np.float64).reshape(2, 3, 3)
+    np.testing.assert_array_equal(load_npy(to_npy(acc)), acc)
+    archive = io.BytesIO()
+    np.savez(archive, a=acc)  # an .npz loads as a lazy archive object, not an array
+    with pytest.raises(DecodeError, match="npz"):
+        load_npy(archive.getvalue())
+    with pytest.raises(DecodeError, match="not a valid"):
+        load_npy(to_npy(acc)[:-8])  # truncated
+    with pytest.raises(DecodeError, match="expected float64"):
+        load_npy(to_npy(acc[:, :, :2]))  # not (h, w, 3)

@@ -1,15 +1,19 @@
-"""Pure parts of the operator tools: pacing, durations, rates."""
+"""Pure parts of the operator tools: pacing, durations, rates, requeue plans."""
 
 from __future__ import annotations
 
 import argparse
+from datetime import UTC, datetime
 
 import pytest
 
 from services.client.recovery import parse_rate
 from services.ops.gc import parse_age
 from services.ops.pacing import Pacer
+from services.ops.requeue import Plan, _plan_job
 from shared.errors import ValidationError
+from shared.lifecycle import JobState
+from shared.metadata import Job
 
 
 async def test_pacer_spaces_actions_without_bursts() -> None:
@@ -48,3 +52,37 @@ def test_parse_rate() -> None:
     for bad in ("0", "fast", "1.5/s"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_rate(bad)
+
+
+def _job(state: JobState, generation: int) -> Job:
+    now = datetime.now(UTC)
+    return Job(
+        job_id="j", idempotency_key="k", fingerprint="f", project="p", request={}, scene={},
+        frame=0, input_hash="h", width=16, height=16, spp=1, tile_size=16, tiles_total=1,
+        state=state, generation=generation, cancel_requested=False, result_location=None,
+        result_sha256=None, float_location=None, last_error_code=None, last_error=None,
+        created_at=now, updated_at=now, finished_at=None,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("state", "generation", "action"),
+    [
+        (JobState.DEAD_LETTERED, 0, "requeue"),
+        (JobState.FAILED_TERMINAL, 3, "requeue"),
+        # an older letter of a job some other letter already retried: publish again, delete
+        (JobState.QUEUED, 1, "replay"),
+        (JobState.RUNNING, 1, "replay"),
+        (JobState.FINALIZING, 2, "replay"),
+        # never retried, still live: the letter stays for the operator
+        (JobState.RUNNING, 0, "skip"),
+        (JobState.COMPLETED, 1, "skip"),
+        (JobState.CANCELLED, 1, "skip"),
+    ],
+)
+@pytest.mark.parametrize("unit", ["job", "final"])
+def test_job_and_final_letters_are_planned_alike(
+    unit: str, state: JobState, generation: int, action: str
+) -> None:
+    base = Plan(1, "j", unit, "max_deliveries", "e", "skip", "")
+    assert _plan_job(base, _job(state, generation)).action == action
