@@ -58,11 +58,9 @@ def _tonemap_in_place(mean: np.ndarray, out: np.ndarray) -> None:
     np.copyto(out, mean, casting="unsafe")  # truncates, as ``astype(np.uint8)``
 
 
-def _convert(
-    accumulator: np.ndarray, samples: int, mean_out: np.ndarray | None = None
-) -> np.ndarray:
-    """The 8-bit image, band by band; the float32 mean goes to ``mean_out`` if given."""
-    acc = _checked(accumulator, samples)
+def _convert(acc: np.ndarray, samples: int, mean_out: np.ndarray | None = None) -> np.ndarray:
+    """The 8-bit image of a checked accumulator, band by band; the float32 mean goes to
+    ``mean_out`` if given."""
     image = np.empty(acc.shape, dtype=np.uint8)
     for y0 in range(0, acc.shape[0], BAND_ROWS):
         band = _mean(acc[y0 : y0 + BAND_ROWS], samples)
@@ -74,7 +72,7 @@ def _convert(
 
 def tonemap(accumulator: np.ndarray, samples: int) -> np.ndarray:
     """8-bit sRGB-ish image (height, width, 3) of the mean of ``samples`` summed samples."""
-    return _convert(accumulator, samples)
+    return _convert(_checked(accumulator, samples), samples)
 
 
 def png_of(image: np.ndarray) -> bytes:

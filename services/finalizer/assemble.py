@@ -123,6 +123,12 @@ class Finalizer:
         self.read_ahead.put(done.job_id, done.tile_index, Result(key, sha256_hex(data), acc))
         self.rt.metrics.read_ahead_bytes.set(self.read_ahead.bytes)
 
+    def _take_held(self, job_id: str) -> dict[int, Result]:
+        """The job's read-ahead results, no longer held (the gauge follows)."""
+        held = self.read_ahead.take(job_id)
+        self.rt.metrics.read_ahead_bytes.set(self.read_ahead.bytes)
+        return held
+
     async def finalize(self, job_id: str, msg: Msg | None) -> bool:
         """Finalize ``job_id`` if it is ready; False when the message must be retried later."""
         db = self.rt.db
@@ -132,8 +138,7 @@ class Finalizer:
             return True  # nothing to do now; the last tile's event will come
         job = await db.get_job(job_id)
         if job is None or job.state in _SETTLED:
-            self.read_ahead.take(job_id)
-            self.rt.metrics.read_ahead_bytes.set(self.read_ahead.bytes)
+            self._take_held(job_id)
             return True
         attempt_id = uuid.uuid4().hex
         owner = LeaseOwner(node=self.rt.node, attempt_id=attempt_id)
@@ -216,27 +221,24 @@ class Finalizer:
         """
         tiles = await self.rt.db.list_tiles(job.job_id)
         inline = await self.rt.db.tile_results(job.job_id)
-        ahead = self.read_ahead.take(job.job_id)
-        self.rt.metrics.read_ahead_bytes.set(self.read_ahead.bytes)
+        ahead = self._take_held(job.job_id)
         gate = asyncio.Semaphore(_READS_IN_FLIGHT)
         lost: dict[int, str] = {}
         parts: list[tuple[Rect, Accumulator]] = []
-        to_read: list[Tile] = []
+        to_read: list[tuple[Tile, Rect]] = []
         for t in tiles:
             held = ahead.get(t.tile_index)
             rect = (t.x0, t.y0, t.x1, t.y1)
             if (
                 held is not None
-                and t.result_sha256
                 and (held.key, held.sha256) == (t.result_key, t.result_sha256)
                 and fits(held.acc, rect)
             ):
                 parts.append((rect, held.acc))  # read ahead, and it is what the row names
             else:
-                to_read.append(t)
+                to_read.append((t, rect))
 
-        async def part(t: Tile) -> None:
-            rect = (t.x0, t.y0, t.x1, t.y1)
+        async def part(t: Tile, rect: Rect) -> None:
             try:
                 data = await self._result_bytes(t, inline, gate)
             except _Missing as exc:
@@ -244,13 +246,14 @@ class Finalizer:
                 return
             parts.append((rect, from_npy(data, rect)))
 
-        await asyncio.gather(*(part(t) for t in to_read))
+        await asyncio.gather(*(part(t, rect) for t, rect in to_read))
         if lost:
             raise ResultLost(lost)
         sources = self.rt.metrics.final_results
         sources.labels(source="read_ahead").inc(len(tiles) - len(to_read))
-        sources.labels(source="store").inc(sum(1 for t in to_read if t.result_key))
-        sources.labels(source="inline").inc(sum(1 for t in to_read if not t.result_key))
+        from_store = sum(1 for t, _ in to_read if t.result_key)
+        sources.labels(source="store").inc(from_store)
+        sources.labels(source="inline").inc(len(to_read) - from_store)
         return assemble(job.width, job.height, parts)
 
     async def _result_bytes(
