@@ -21,8 +21,11 @@ The tuning knobs and their defaults are the fields of :class:`Tuning`; each is r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import ipaddress
 import os
+import re
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -110,6 +113,9 @@ class Tuning:
     namespace: str = ""
     #: Prometheus metrics port (0 disables the HTTP endpoint)
     metrics_port: int = 0
+    #: address the metrics endpoint listens on (an IP address or a host name; every IPv4
+    #: interface by default, ``127.0.0.1`` keeps it on the machine, ``::`` for IPv6)
+    metrics_host: str = "0.0.0.0"
     #: log level name
     log_level: str = "INFO"
 
@@ -312,7 +318,23 @@ def _check_relations(t: Tuning) -> None:
         raise ConfigError(
             f"TESSERA_NAMESPACE={t.namespace!r} may hold only letters, digits, '-' and '_'"
         )
+    if not _is_host(t.metrics_host):
+        raise ConfigError(
+            f"TESSERA_METRICS_HOST={t.metrics_host!r} must be an IP address or a host name"
+        )
     if t.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(
             f"TESSERA_LOG_LEVEL={t.log_level!r} must be DEBUG, INFO, WARNING or ERROR"
         )
+
+
+def _is_host(value: str) -> bool:
+    """An IP address literal, or a host name (RFC 1123 labels)."""
+    with contextlib.suppress(ValueError):
+        ipaddress.ip_address(value)
+        return True
+    labels = value.rstrip(".").split(".")
+    return len(value) <= 253 and all(_HOST_LABEL.fullmatch(label) for label in labels)
+
+
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")

@@ -1,6 +1,6 @@
 """The operations HTTP endpoint of a service: ``/metrics``, ``/healthz``, ``/readyz``.
 
-One small asyncio HTTP/1.1 server per process, on ``TESSERA_METRICS_PORT`` (0 disables it),
+One small HTTP server per process, on ``TESSERA_METRICS_PORT`` (0 disables it),
 started by :func:`shared.runtime.service_main` once the service's connections are open:
 
 ============  ===============================================================================
@@ -13,18 +13,19 @@ path          answer
 ============  ===============================================================================
 
 Readiness checks run concurrently on every probe; each is one round trip (``SELECT 1``, a store
-ping), bounded, so a probe never hangs on a dead dependency. It listens on every interface
-(containers are probed from outside); the answers contain no secrets.
+ping), bounded, so a probe never hangs on a dead dependency. The HTTP side is aiohttp's server
+(``GET`` and ``HEAD`` on each path, ``405``/``404`` otherwise, no access log). It listens on
+``TESSERA_METRICS_HOST``, every interface by default (containers are probed from outside); the
+answers contain no secrets.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import orjson
+from aiohttp import web
 
 from shared.logs import Log
 from shared.metrics import CONTENT_TYPE_LATEST, Metrics
@@ -32,20 +33,11 @@ from shared.metrics import CONTENT_TYPE_LATEST, Metrics
 __all__ = ["CHECK_TIMEOUT", "Check", "OpsServer"]
 
 CHECK_TIMEOUT = 2.0
-_MAX_REQUEST_LINE = 8192
+#: seconds :meth:`OpsServer.close` waits for requests in progress
+_SHUTDOWN_TIMEOUT = 2.0
 
 Check = Callable[[], Awaitable[None]]
 """A readiness check: returns when the dependency answers, raises otherwise."""
-
-
-@dataclass(frozen=True)
-class _Reply:
-    status: int
-    body: bytes
-    content_type: str = "text/plain; charset=utf-8"
-
-
-_REASONS = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 503: "Service Unavailable"}
 
 
 class OpsServer:
@@ -55,29 +47,44 @@ class OpsServer:
         self, metrics: Metrics, checks: dict[str, Check], log: Log, *, host: str = "0.0.0.0"
     ) -> None:
         self.metrics, self.checks, self.log, self.host = metrics, checks, log, host
-        self._server: asyncio.Server | None = None
+        self._runner: web.AppRunner | None = None
 
     @property
     def port(self) -> int:
         """The bound port (useful when started on port 0)."""
-        if self._server is None:
+        if self._runner is None or not self._runner.addresses:
             raise RuntimeError("the ops server is not started")
-        port: int = self._server.sockets[0].getsockname()[1]
+        port: int = self._runner.addresses[0][1]
         return port
 
     async def start(self, port: int) -> OpsServer:
         """Listen on ``port`` (0: any free port)."""
-        self._server = await asyncio.start_server(self._serve, self.host, port)
-        self.log.info("ops endpoint listening", port=self.port, paths="/metrics,/healthz,/readyz")
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)  # add_get answers HEAD as well
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, shutdown_timeout=_SHUTDOWN_TIMEOUT
+        )
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, self.host, port)
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self.log.info(
+            "ops endpoint listening", host=self.host, port=self.port,
+            paths="/metrics,/healthz,/readyz",
+        )  # fmt: skip
         return self
 
     async def close(self) -> None:
-        """Stop listening and close open connections."""
-        if self._server is not None:
-            self._server.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 2.0)
-            self._server = None
+        """Stop listening; requests in progress get a short grace."""
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
 
     async def ready(self) -> dict[str, str]:
         """Every check's verdict: ``ok`` or the error."""
@@ -90,44 +97,19 @@ class OpsServer:
             for name, result in zip(names, results, strict=True)
         }
 
-    async def answer(self, method: str, path: str) -> _Reply:
-        """The reply to one request."""
-        if method not in ("GET", "HEAD"):
-            return _Reply(405, b"only GET\n")
-        path = path.split("?", 1)[0]
-        if path == "/metrics":
-            return _Reply(200, self.metrics.exposition(), CONTENT_TYPE_LATEST)
-        if path == "/healthz":
-            return _Reply(200, b"ok\n")
-        if path == "/readyz":
-            verdicts = await self.ready()
-            ok = all(v == "ok" for v in verdicts.values())
-            body = orjson.dumps({"ready": ok, "checks": verdicts}) + b"\n"
-            return _Reply(200 if ok else 503, body, "application/json")
-        return _Reply(404, b"not found: try /metrics, /healthz, /readyz\n")
+    async def _metrics(self, request: web.Request) -> web.Response:
+        response = web.Response(body=self.metrics.exposition())
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            line = await asyncio.wait_for(reader.readline(), 5.0)
-            parts = line[:_MAX_REQUEST_LINE].decode("latin-1").split()
-            while (await asyncio.wait_for(reader.readline(), 5.0)).strip():
-                pass  # headers: none matter
-            reply = await self.answer(*parts[:2]) if len(parts) >= 2 else _Reply(405, b"")
-            head = (
-                f"HTTP/1.1 {reply.status} {_REASONS.get(reply.status, '')}\r\n"
-                f"Content-Type: {reply.content_type}\r\nContent-Length: {len(reply.body)}\r\n"
-                "Connection: close\r\n\r\n"
-            )
-            writer.write(head.encode() + (b"" if parts[:1] == ["HEAD"] else reply.body))
-            await writer.drain()
-        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError):
-            pass  # a probe that went away; nothing to answer
-        except Exception:
-            self.log.error("ops endpoint failed a request", exc=True)
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        verdicts = await self.ready()
+        ok = all(v == "ok" for v in verdicts.values())
+        body = orjson.dumps({"ready": ok, "checks": verdicts}) + b"\n"
+        return web.Response(status=200 if ok else 503, body=body, content_type="application/json")
 
 
 async def _bounded(check: Check) -> None:

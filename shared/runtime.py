@@ -163,7 +163,9 @@ async def _run(settings: Settings, service: str, body: ServiceBody) -> int:
     ops: OpsServer | None = None
     try:
         if settings.tuning.metrics_port > 0:
-            ops = OpsServer(runtime.metrics, runtime.readiness_checks(), log)
+            ops = OpsServer(
+                runtime.metrics, runtime.readiness_checks(), log, host=settings.tuning.metrics_host
+            )
             await ops.start(settings.tuning.metrics_port)
         await body(runtime, stop)
     except Exception:

@@ -70,12 +70,21 @@ def test_to_env_round_trips() -> None:
         ({"TESSERA_READ_AHEAD_BYTES": "lots"}, "TESSERA_READ_AHEAD_BYTES"),
         ({"TESSERA_NAMESPACE": "a.b"}, "TESSERA_NAMESPACE"),
         ({"TESSERA_LOG_LEVEL": "LOUD"}, "TESSERA_LOG_LEVEL"),
+        ({"TESSERA_METRICS_HOST": "0.0.0.0:9090"}, "TESSERA_METRICS_HOST"),
+        ({"TESSERA_METRICS_HOST": "http://host"}, "TESSERA_METRICS_HOST"),
+        ({"TESSERA_METRICS_HOST": "-bad.example"}, "TESSERA_METRICS_HOST"),
+        ({"TESSERA_METRICS_HOST": "a..b"}, "TESSERA_METRICS_HOST"),
     ],
 )
 def test_bad_values_name_the_variable(changes: dict[str, str], variable: str) -> None:
     env = {k: v for k, v in (BASE | changes).items()}
     with pytest.raises(ConfigError, match=variable):
         Settings.from_env(env)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::", "::1", "localhost", "metrics.internal."])
+def test_metrics_host_takes_addresses_and_names(host: str) -> None:
+    assert Settings.from_env(BASE | {"TESSERA_METRICS_HOST": host}).tuning.metrics_host == host
 
 
 def test_missing_variable_is_named() -> None:

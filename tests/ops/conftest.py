@@ -81,9 +81,10 @@ async def metric(port: int, name: str, **labels: str) -> float:
 def start_with_port(
     procs: ServiceProcesses, service: str, *, name: str | None = None, **env: str
 ) -> tuple[ManagedProcess, int]:
-    """Start a service with its own metrics port; the process and the port."""
+    """Start a service with its own metrics port on loopback; the process and the port."""
     port = free_port()
-    proc = procs.start(service, name=name, env={"TESSERA_METRICS_PORT": str(port), **env})
+    ops = {"TESSERA_METRICS_PORT": str(port), "TESSERA_METRICS_HOST": "127.0.0.1"}
+    proc = procs.start(service, name=name, env=ops | env)
     return proc, port
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import orjson
@@ -11,6 +14,7 @@ from proto.api import SubmitRequest
 from services.client.api import TesseraClient
 from services.gateway.app import Gateway
 from shared.config import Settings
+from shared.metrics import CONTENT_TYPE_LATEST
 from shared.observability import OpsServer
 from shared.runtime import Runtime
 from shared.stack import PostgresServer
@@ -53,6 +57,46 @@ async def test_probes_and_a_duplicate_submit(gateway_ops, nc) -> None:
     )
     # the job is still queued, so its JOBS message went out again under the same Nats-Msg-Id
     assert value(after, name, source="jetstream") == 1 + value(before, name, source="jetstream")
+
+
+async def test_methods_and_content_types(gateway_ops) -> None:
+    _, port = gateway_ops
+
+    def call(method: str, path: str) -> tuple[int, str, bytes]:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as r:
+                return r.status, r.headers["Content-Type"], r.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.headers["Content-Type"], exc.read()
+
+    status, kind, body = await asyncio.to_thread(call, "GET", "/metrics")
+    assert (status, kind) == (200, CONTENT_TYPE_LATEST) and b"tessera_" in body
+    assert (await asyncio.to_thread(call, "HEAD", "/metrics"))[::2] == (200, b"")
+    status, kind, body = await asyncio.to_thread(call, "GET", "/readyz?verbose=1")
+    assert (status, kind) == (200, "application/json") and orjson.loads(body)["ready"]
+    assert (await asyncio.to_thread(call, "POST", "/healthz"))[0] == 405
+    assert (await asyncio.to_thread(call, "DELETE", "/metrics"))[0] == 405
+
+
+async def test_listens_only_on_the_configured_host(settings: Settings) -> None:
+    """Bound to 127.0.0.2, the endpoint answers there and not on 127.0.0.1."""
+    rt = await Runtime.open(settings, "scheduler")
+    ops = await OpsServer(rt.metrics, rt.readiness_checks(), rt.log, host="127.0.0.2").start(0)
+    try:
+
+        def get(host: str) -> int:
+            with urllib.request.urlopen(f"http://{host}:{ops.port}/healthz", timeout=10) as r:
+                return int(r.status)
+
+        assert await asyncio.to_thread(get, "127.0.0.2") == 200
+        with pytest.raises(urllib.error.URLError):
+            await asyncio.to_thread(get, "127.0.0.1")
+    finally:
+        await ops.close()
+        await rt.close()
+    with pytest.raises(RuntimeError, match="not started"):
+        _ = ops.port
 
 
 async def test_readyz_fails_while_postgres_is_down(
