@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(
             service,
             help=f"run the {service} service (configured by TESSERA_* environment variables)",
+            epilog="runs until SIGTERM or SIGINT, then stops cleanly (a worker hands its tiles "
+            "back within TESSERA_GRACE_PERIOD). exit status: 0 stopped; 1 could not start "
+            "(a server unreachable) or crashed; 2 configuration error",
         )
         p.set_defaults(func=_cmd_service)
     sub.add_parser("version", help="print the versions of Tessera and its kernel").set_defaults(

@@ -13,12 +13,18 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import uvloop
 
+from services.client.argtypes import positive_int
 from services.client.output import write_atomic
+from shared.errors import ValidationError
 from shared.procs import ManagedProcess, wait_for
 from shared.stack import Stack, StackError
+
+if TYPE_CHECKING:
+    from proto.api import SubmitRequest
 
 __all__ = ["ServiceProcesses", "register", "run_demo", "run_up"]
 
@@ -182,7 +188,25 @@ def run_up(data_dir: Path, *, s3: bool, workers: int, services: bool, auth: bool
 
 
 def run_demo(data_dir: Path | None, *, s3: bool, out: Path, spp: int) -> int:
-    """Render the cornell scene end to end through all four services; write the PNG."""
+    """Render the cornell scene end to end through all four services; write the PNG.
+
+    Exit status: 0 written, 1 the stack or the job failed, 2 bad arguments (checked before any
+    server starts: the request's limits, a writable directory for ``out``).
+    """
+    from proto.api import SubmitRequest
+
+    try:
+        request = SubmitRequest(
+            project="demo", scene="cornell", width=320, height=240, spp=spp, tile_size=64
+        )
+    except ValidationError as exc:
+        print(f"tessera demo: {exc}", file=sys.stderr)
+        return 2
+    folder = out.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        print(f"tessera demo: cannot write {out}: {folder} is not a writable directory",
+              file=sys.stderr)  # fmt: skip
+        return 2
     with _stop_on_signals(), tempfile.TemporaryDirectory(prefix="tessera-demo-") as tmp:
         root = data_dir or Path(tmp)
         try:
@@ -192,7 +216,7 @@ def run_demo(data_dir: Path | None, *, s3: bool, out: Path, spp: int) -> int:
                 procs = ServiceProcesses(stack.env(), stack.data_dir / "logs")
                 try:
                     procs.start_all(workers=1)
-                    result = uvloop.run(_demo_job(stack.env(), spp))
+                    result = uvloop.run(_demo_job(stack.env(), request))
                 finally:
                     procs.stop_all()
                 if result is None:
@@ -202,14 +226,17 @@ def run_demo(data_dir: Path | None, *, s3: bool, out: Path, spp: int) -> int:
             print(f"tessera demo: {exc or 'interrupted'}", file=sys.stderr)
             return 1
     png, sha = result
-    write_atomic(out, png)
+    try:
+        write_atomic(out, png)
+    except OSError as exc:
+        print(f"tessera demo: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     print(f"tessera demo: wrote {out.resolve()} ({len(png)} bytes, sha256 {sha[:16]}...)")
     print("tessera demo: every server and service it started has been stopped.")
     return 0
 
 
-async def _demo_job(env: Mapping[str, str], spp: int) -> tuple[bytes, str] | None:
-    from proto.api import SubmitRequest
+async def _demo_job(env: Mapping[str, str], request: SubmitRequest) -> tuple[bytes, str] | None:
     from proto.names import Names
     from services.client.api import TesseraClient
     from services.client.watch import watch_jobs
@@ -221,12 +248,10 @@ async def _demo_job(env: Mapping[str, str], spp: int) -> tuple[bytes, str] | Non
     nc = await connect_nats(settings, name="tessera-demo")
     try:
         client = TesseraClient(nc, Names(settings.tuning.namespace), timeout=60)
-        request = SubmitRequest(
-            project="demo", scene="cornell", width=320, height=240, spp=spp, tile_size=64
-        )
         reply = await client.submit(request)
         job_id = reply["job_id"]
-        print(f"tessera demo: submitted job {job_id} (cornell 320x240, {spp} spp, 20 tiles)")
+        print(f"tessera demo: submitted job {job_id} (cornell 320x240, {request.spp} spp, "
+              "20 tiles)")  # fmt: skip
         if await watch_jobs(client, [job_id], interval=0.5) != 0:
             return None
         status = await client.status(job_id)
@@ -242,7 +267,12 @@ async def _demo_job(env: Mapping[str, str], spp: int) -> tuple[bytes, str] | Non
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``up`` and ``demo`` to the ``tessera`` command."""
-    up = sub.add_parser("up", help="run the embedded stack and the four services in the foreground")
+    up = sub.add_parser(
+        "up",
+        help="run the embedded stack and the four services in the foreground",
+        epilog="exit status: 0 stopped by Ctrl-C or SIGTERM; 1 a server or service failed "
+        "to start or died; 2 usage error",
+    )
     up.add_argument(
         "--data-dir",
         type=Path,
@@ -250,7 +280,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="where servers keep their data and services their logs (default: ./.tessera)",
     )
     up.add_argument("--s3", action="store_true", help="use SeaweedFS S3 instead of a directory")
-    up.add_argument("--workers", type=int, default=1, help="worker processes (default: 1)")
+    up.add_argument("--workers", type=positive_int, default=1, help="worker processes (default: 1)")
     up.add_argument(
         "--stack-only", action="store_true", help="run the servers only, not the services"
     )
@@ -265,7 +295,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         )
     )
 
-    demo = sub.add_parser("demo", help="render the sample scene end to end on the embedded stack")
+    demo = sub.add_parser(
+        "demo",
+        help="render the sample scene end to end on the embedded stack",
+        epilog="exit status: 0 PNG written; 1 the stack or the job failed (service logs are "
+        "printed); 2 usage error (checked before any server starts)",
+    )
     demo.add_argument("--data-dir", type=Path, default=None, help="keep data here (default: temp)")
     demo.add_argument("--s3", action="store_true", help="use SeaweedFS S3 instead of a directory")
     demo.add_argument(

@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 
+from services.local import run_demo
 from tests.helpers import eventually_sync, pid_alive
 
 
@@ -50,3 +52,20 @@ def test_ctrl_c_stops_the_stack_and_the_services(server_dir: Path) -> None:
             if stream is not None:
                 stream.close()
     eventually_sync(lambda: not any(pid_alive(k) for k in kids), timeout=10, what="all gone")
+
+
+def test_demo_refuses_bad_arguments_before_starting_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data"
+    cases = [
+        (64, tmp_path / "missing" / "demo.png", "is not a writable directory"),
+        (0, tmp_path / "demo.png", "spp"),
+        (10**9, tmp_path / "demo.png", "spp"),
+    ]
+    for spp, out, why in cases:
+        assert run_demo(data, s3=False, out=out, spp=spp) == 2
+        err = capsys.readouterr().err
+        assert why in err and "Traceback" not in err, err
+        assert not data.exists(), "no server was started"
+        assert not out.exists()

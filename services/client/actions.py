@@ -157,13 +157,20 @@ async def get(session: Session, args: argparse.Namespace) -> int:
     store = await open_object_store(session.settings.object_store)
     try:
         png = await store.get(reply["result_location"], sha256=reply["result_sha256"])
-        output.write_atomic(Path(args.output or f"{args.job}.png"), png)
+        _write(Path(args.output or f"{args.job}.png"), png)
         if args.float:
-            output.write_atomic(Path(args.float), await store.get(reply["float_location"]))
+            _write(Path(args.float), await store.get(reply["float_location"]))
     finally:
         await store.close()
     print(args.output or f"{args.job}.png")
     return EXIT_OK
+
+
+def _write(path: Path, data: bytes) -> None:
+    try:
+        output.write_atomic(path, data)
+    except OSError as exc:
+        raise CommandFailed(f"cannot write {path}: {exc.strerror or exc}", EXIT_USAGE) from exc
 
 
 async def dlq_list(session: Session, args: argparse.Namespace) -> int:

@@ -28,6 +28,7 @@ from typing import TypeAlias
 from proto.limits import DEFAULT_BOUNCES
 from services.client import actions, recovery
 from services.client.api import DEFAULT_TIMEOUT
+from services.client.argtypes import positive_float
 from services.client.session import Session, run_command
 from shared.lifecycle import JobState
 
@@ -54,7 +55,7 @@ def _command(sub: Sub, name: str, action: Action, help_text: str) -> argparse.Ar
     p = sub.add_parser(name, help=help_text, description=help_text, epilog=EPILOG)
     p.add_argument(
         "--timeout",
-        type=float,
+        type=positive_float,
         default=DEFAULT_TIMEOUT,
         help=f"seconds to wait for a gateway (default {DEFAULT_TIMEOUT:g})",
     )
@@ -88,23 +89,32 @@ def _add_submit(sub: Sub) -> None:
     p.add_argument("--project", default="default", help="project name (default 'default')")
     p.add_argument("--key", default=None, help="idempotency key (KEY:FRAME for a range)")
     p.add_argument("--watch", action="store_true", help="then watch the jobs to the end")
-    p.add_argument("--interval", type=float, default=2.0, help="watch poll interval, seconds")
+    p.add_argument(
+        "--interval", type=positive_float, default=2.0, help="watch poll interval, seconds"
+    )
     _json(p)
 
 
 def _add_jobs(sub: Sub) -> None:
     p = _command(sub, "status", actions.status, "show a job's state and progress")
-    p.add_argument("job", metavar="JOB")
+    p.add_argument("job", metavar="JOB", help="job id, as submit printed it")
     _json(p)
     p = _command(sub, "watch", actions.watch, "follow jobs with progress bars until they end")
-    p.add_argument("jobs", metavar="JOB", nargs="+")
-    p.add_argument("--interval", type=float, default=2.0, help="status poll interval, seconds")
+    p.add_argument("jobs", metavar="JOB", nargs="+", help="job ids to follow")
+    p.add_argument(
+        "--interval", type=positive_float, default=2.0, help="status poll interval, seconds"
+    )
     p = _command(sub, "get", actions.get, "download a completed job's image (sha256-verified)")
-    p.add_argument("job", metavar="JOB")
+    p.add_argument("job", metavar="JOB", help="job id, as submit printed it")
     p.add_argument("-o", "--output", default=None, help="PNG path (default JOB.png)")
     p.add_argument("--float", default=None, metavar="PATH", help="also fetch the float image")
     p = _command(sub, "list", actions.list_jobs, "list jobs, newest first")
-    p.add_argument("--state", choices=[s.value for s in JobState], default=None)
+    p.add_argument(
+        "--state",
+        choices=[s.value for s in JobState],
+        default=None,
+        help="only jobs in this state (default: all)",
+    )
     p.add_argument("--limit", type=int, default=None, help="page size (default 100)")
     p.add_argument("--cursor", default=None, help="next_cursor of the previous page")
     _json(p)
@@ -113,7 +123,7 @@ def _add_jobs(sub: Sub) -> None:
         ("retry", actions.retry, "re-queue a failed or dead-lettered job"),
     ):
         p = _command(sub, name, action, text)
-        p.add_argument("job", metavar="JOB")
+        p.add_argument("job", metavar="JOB", help="job id, as submit printed it")
         _json(p)
 
 
@@ -126,7 +136,7 @@ def _add_dlq(sub: Sub) -> None:
     p.add_argument("--cursor", default=None, help="next_cursor of the previous page")
     _json(p)
     p = _command(verbs, "show", actions.dlq_show, "show one dead letter with its payload")
-    p.add_argument("seq", type=int, metavar="SEQ")
+    p.add_argument("seq", type=int, metavar="SEQ", help="the letter's DLQ sequence (dlq list)")
     p = _command(verbs, "requeue", recovery.dlq_requeue, "re-render dead-lettered work, paced")
     p.add_argument("--job", default=None, metavar="JOB", help="only this job's dead letters")
     p.add_argument("--dry-run", action="store_true", help="list what would be requeued, and why")

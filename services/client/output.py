@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["dead_letters_table", "jobs_table", "percent", "status_text", "write_atomic"]
+from shared.objectstore.directory import commit_temp, write_temp
+
+__all__ = [
+    "dead_letters_table",
+    "jobs_table",
+    "percent",
+    "status_text",
+    "table_lines",
+    "write_atomic",
+]
 
 
 def percent(done: int, total: int) -> str:
@@ -40,11 +47,17 @@ def status_text(s: dict[str, Any]) -> str:
     return "\n".join(f"{name:<9}{value}" for name, value in rows)
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str:
+def table_lines(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> list[str]:
+    """``header`` and ``rows`` as left-aligned columns two spaces apart, one string a line."""
     cells = [header, *(tuple(str(c) for c in row) for row in rows)]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    lines = ("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells)
-    return "\n".join(line.rstrip() for line in lines)
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    ]
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str:
+    return "\n".join(table_lines(header, rows))
 
 
 def jobs_table(jobs: list[dict[str, Any]]) -> str:
@@ -73,26 +86,11 @@ def dead_letters_table(letters: list[dict[str, Any]]) -> str:
     return _table(("SEQ", "JOB", "UNIT", "REASON", "DELIVERIES", "ERROR"), rows)
 
 
-def _umask() -> int:
-    """The process umask, read without changing it (``os.umask`` would, for every thread)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except OSError:
-        pass
-    return 0o022
-
-
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` whole or not at all (temporary file, then rename)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent or Path("."), prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o666 & ~_umask())  # an ordinary file, not mkstemp's private 0600
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``data`` to ``path`` whole or not at all, durably: a temporary file next to it,
+    fsynced, renamed over ``path``, then the directory fsynced (the object store's own way).
+
+    The file is an ordinary one (0666 less the umask). ``OSError`` if the directory is
+    missing or not writable.
+    """
+    commit_temp(write_temp(path, data, mode=0o666), path)

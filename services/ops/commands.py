@@ -18,10 +18,11 @@ from typing import TypeAlias
 import orjson
 
 from proto import names as n
+from services.client.argtypes import positive_float
 from services.client.session import EXIT_OK, EXIT_USAGE, CommandFailed, Session, run_command
 from services.ops.gc import collect, find_garbage, parse_age
 from services.ops.top import render, snapshot
-from shared.errors import ValidationError
+from shared.errors import ConfigError, ValidationError
 from shared.leases import ProgressPointers
 from shared.metadata import MetadataStore
 from shared.objectstore import open_object_store
@@ -42,6 +43,13 @@ def _run(action: Action, args: argparse.Namespace) -> int:
 
 
 async def _db(session: Session) -> MetadataStore:
+    """PostgreSQL, which ``gc`` and ``top`` read directly (the other commands ask a gateway)."""
+    if not session.settings.database_url:
+        # Never asyncpg's fallback to libpq defaults (PGHOST, the local socket): a wrong database.
+        raise ConfigError(
+            "TESSERA_DATABASE_URL is not set: this command reads PostgreSQL directly "
+            "(see the Configuration section of the README)"
+        )
     return await MetadataStore.connect(session.settings.database_url, max_size=2, migrate=False)
 
 
@@ -94,9 +102,16 @@ async def top(session: Session, args: argparse.Namespace) -> int:
         await db.close()
 
 
+OPS_EPILOG = (
+    "needs TESSERA_DATABASE_URL (reads PostgreSQL directly) as well as TESSERA_NATS_URL. "
+    "exit status: 0 ok; 2 usage or configuration error; "
+    "3 any other error; 4 unavailable (NATS, PostgreSQL or the object store unreachable)"
+)
+
+
 def _command(sub: Sub, name: str, action: Action, help_text: str) -> argparse.ArgumentParser:
-    p = sub.add_parser(name, help=help_text, description=help_text)
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds to reach NATS")
+    p = sub.add_parser(name, help=help_text, description=help_text, epilog=OPS_EPILOG)
+    p.add_argument("--timeout", type=positive_float, default=10.0, help="seconds to reach NATS")
     p.set_defaults(func=partial(_run, action))
     return p
 
@@ -110,6 +125,8 @@ def register(sub: Sub) -> None:
     p.add_argument("--json", action="store_true", help="print the list as JSON")
     p = _command(sub, "top", top, "live view of streams, tiles in flight, rates and failures")
     p.add_argument("--once", action="store_true", help="print one frame and exit")
-    p.add_argument("--interval", type=float, default=1.0, help="refresh period (default 1 s)")
-    p.add_argument("--window", type=float, default=10.0,
+    p.add_argument(
+        "--interval", type=positive_float, default=1.0, help="refresh period (default 1 s)"
+    )
+    p.add_argument("--window", type=positive_float, default=10.0,
                    help="seconds the tiles/s rate is measured over (default 10)")  # fmt: skip

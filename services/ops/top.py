@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 import orjson
 from nats.js import JetStreamContext
@@ -21,6 +20,7 @@ from nats.js.errors import NotFoundError
 
 from proto import names as n
 from proto.topology import Topology
+from services.client.output import table_lines
 from services.ops.streams import StreamStats, read_stats
 from shared.lifecycle import JobState
 from shared.metadata import AuditEvent, MetadataStore
@@ -97,14 +97,6 @@ async def snapshot(
     )
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[Any, ...]]) -> list[str]:
-    cells = [header, *(tuple(str(c) for c in row) for row in rows)]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    return [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
-    ]
-
-
 def _age(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.1f}s"
@@ -120,7 +112,7 @@ def render(s: Snapshot) -> str:
     stamp = time.strftime("%H:%M:%S", time.localtime(s.at))
     lines = [f"tessera top  {stamp}  namespace {s.namespace or '(default)'}", "", "STREAMS"]
     depth = s.streams.messages
-    lines += _table(
+    lines += table_lines(
         ("STREAM", "MESSAGES", "CONSUMER", "PENDING", "ACK PENDING", "REDELIVERED", "OLDEST"),
         [(c.stream, depth.get(c.stream, "?"), c.consumer, c.pending, c.ack_pending,
           c.redelivered, _age(c.oldest_age)) for c in s.streams.consumers],
@@ -132,7 +124,7 @@ def render(s: Snapshot) -> str:
     lines += [f"JOBS  {jobs or 'none'}"]
     lines += [f"RATE  {s.tiles_per_second:.2f} tiles done/s (last {s.window:g}s)", ""]
     lines += [f"IN FLIGHT ({len(s.in_flight)})"]
-    lines += _table(
+    lines += table_lines(
         ("JOB", "TILE", "STATE", "SAMPLES", "WORKER", "LEASE AGE", "FENCE"),
         [(t.job_id, t.tile_index, t.state.value, f"{t.samples_done}/{t.spp}",
           lease.node if lease else "(no lease)",
@@ -140,7 +132,7 @@ def render(s: Snapshot) -> str:
          for t, lease in s.in_flight],
     )  # fmt: skip
     lines += ["", f"RECENT FAILURES ({len(s.failures)})"]
-    lines += _table(
+    lines += table_lines(
         ("AT", "JOB", "TILE", "CODE", "TO", "NODE", "ERROR"),
         [(_clock(e.at), e.job_id, "" if e.tile_index is None else e.tile_index, e.error_code,
           e.to_state, e.node, (e.error or "")[:60]) for e in s.failures],

@@ -111,11 +111,13 @@ def _os_errors(what: str) -> Iterator[None]:
         raise StoreUnavailable(f"{what}: {name}: {exc.strerror or exc}") from exc
 
 
-def write_temp(path: Path, data: bytes) -> Path:
-    """Write ``data`` to a fresh hidden file next to ``path`` and fsync it; return its path."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def write_temp(path: Path, data: bytes, *, mode: int = 0o644) -> Path:
+    """Write ``data`` to a fresh hidden file next to ``path`` and fsync it; return its path.
+
+    ``path``'s directory must exist. The file gets ``mode`` less the process umask.
+    """
     temp = path.with_name(f".{path.name}.{uuid.uuid4().hex}{TEMP_SUFFIX}")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         view = memoryview(data)
         while view:
@@ -142,6 +144,7 @@ def commit_temp(temp: Path, path: Path) -> None:
 
 
 def _put_file(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     commit_temp(write_temp(path, data), path)
 
 

@@ -146,6 +146,10 @@ async def test_get_and_watch_a_completed_job(
         result_sha256=sha,
         float_location=f"renders/{job_id}/x.npy",
     )
+    nowhere = tmp_path / "missing" / "out.png"
+    refused = await tessera("get", job_id, "-o", str(nowhere))
+    assert refused.status == 2 and f"cannot write {nowhere}" in refused.err, refused.err
+    assert "Traceback" not in refused.err and not nowhere.parent.exists()
     out, flt = tmp_path / "out.png", tmp_path / "out.npy"
     result = await tessera("get", job_id, "-o", str(out), "--float", str(flt))
     assert result.status == 0, result.err
@@ -186,3 +190,37 @@ def test_help_documents_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> No
         cli.main(["submit", "--help"])
     assert "exit status" in capsys.readouterr().out
     assert "4 unavailable" in EPILOG
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("watch", "J", "--interval", "0"),
+        ("watch", "J", "--interval", "nan"),
+        ("submit", "cornell", "--watch", "--interval", "-1"),
+        ("status", "J", "--timeout", "inf"),
+        ("top", "--interval", "0"),
+        ("top", "--window", "-5"),
+        ("gc", "--timeout", "0"),
+        ("up", "--workers", "0"),
+    ],
+)
+def test_non_positive_numbers_are_usage_errors(
+    argv: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(list(argv))
+    assert exit_.value.code == 2
+    assert "must be" in capsys.readouterr().err
+
+
+async def test_gc_and_top_without_a_database_url_are_configuration_errors(
+    tessera: CliRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Never asyncpg's fallback to libpq's defaults (PGHOST, the local socket)."""
+    monkeypatch.delenv("TESSERA_DATABASE_URL")
+    monkeypatch.setenv("PGHOST", "127.0.0.1")  # a fallback would try this and hang or succeed
+    for argv in (("gc", "--dry-run"), ("top", "--once")):
+        result = await tessera(*argv)
+        assert result.status == 2, result
+        assert "TESSERA_DATABASE_URL is not set" in result.err and "Traceback" not in result.err

@@ -187,6 +187,7 @@ async def test_directory_unreplaced_temp_is_invisible(tmp_path: Path) -> None:
     store = await DirectoryStore.open(tmp_path)
     key = "checkpoints/j/0/a.npy"
     # A crash after writing the temp file, before the rename:
+    store.path_of(key).parent.mkdir(parents=True)
     temp = await asyncio.to_thread(write_temp, store.path_of(key), b"half")
     assert temp.exists() and temp.name.endswith(TEMP_SUFFIX)
     assert not await store.exists(key)
