@@ -17,6 +17,10 @@ Limits (``bad_request`` for a wrong shape or type, ``invalid`` for a value outsi
 - ``job_id``: 1..64 characters ``[A-Za-z0-9_-]`` (Tessera issues UUIDv7 strings)
 - list/DLQ ``limit``: 1..1000 (default 100); ``cursor``: 1..256 printable ASCII characters
 - DLQ requeue ``rate``: 1..1000 messages per second (default 10), ``limit`` up to 10,000
+- replies: a page or a requeue report is cut to about 512 KiB of JSON (:data:`MAX_REPLY_BYTES`,
+  half of NATS's default ``max_payload``); a list page cut short says so through
+  ``next_cursor``, a requeue report through ``omitted``. A dead letter's ``error`` is cut to 500
+  characters in lists (:data:`MAX_VIEW_ERROR`); ``dlq show`` has it whole
 - every integer must be a finite whole number (``64.0`` is accepted as 64; booleans, ``1.5``,
   NaN and out-of-range values are not)
 """
@@ -44,6 +48,8 @@ MAX_SEED = 2**32 - 1
 MAX_LIST_LIMIT, DEFAULT_LIST_LIMIT = 1000, 100
 MAX_REQUEUE_LIMIT, MAX_REQUEUE_RATE, DEFAULT_REQUEUE_RATE = 10_000, 1000, 10
 MAX_SEQ = 2**63 - 1
+MAX_REPLY_BYTES = 512 * 1024
+MAX_VIEW_ERROR = 500
 
 PROJECT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 BUILTIN_SCENE_RE = re.compile(r"[a-z0-9][a-z0-9_-]*")

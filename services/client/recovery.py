@@ -42,6 +42,8 @@ def requeue_table(reply: dict[str, Any]) -> str:
             f"{d['seq']:>6}  {d['job_id']}{tile}  {verb:<7}  {d['why']}"
             f"  [dead-lettered: {d['reason']}: {d['error'][:120]}]"
         )
+    if reply.get("omitted"):
+        lines.append(f"... and {reply['omitted']} more dead letter(s), not listed (reply size)")
     total = "would requeue" if reply["dry_run"] else "requeued"
     lines.append(f"{total} {reply['requeued']}, skipped {reply['skipped']}")
     return "\n".join(lines)
@@ -57,7 +59,8 @@ async def dlq_requeue(session: Session, args: argparse.Namespace) -> int:
         patient = TesseraClient(
             session.nc, session.names, timeout=client.timeout + math.ceil(plan["requeued"] / rate)
         )
-        walked = len(plan["dead_letters"])
+        # the letters the plan looked at (an older gateway lists them all and has no count)
+        walked = plan.get("examined", len(plan["dead_letters"]))
         reply = await patient.dlq_requeue(job_id=args.job, rate=args.rate, limit=walked)
     if args.json:
         print(orjson.dumps({"ok": True, **reply}).decode(), flush=True)

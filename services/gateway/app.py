@@ -112,7 +112,15 @@ class Gateway:
         except Exception:
             self.rt.log.error("handler raised", exc=True, subject=subject)
             return error_reply(ErrorCode.INTERNAL, "internal error (logged by the gateway)")
-        return ok_reply(**fields)
+        reply = ok_reply(**fields)
+        if len(reply) > self.rt.nc.max_payload:  # a handler that forgot its bound: say so
+            self.rt.log.error("reply too large", subject=subject, size=len(reply))
+            return error_reply(
+                ErrorCode.INTERNAL,
+                f"the reply ({len(reply)} bytes) exceeds the NATS server's max_payload "
+                f"({self.rt.nc.max_payload} bytes); ask for a smaller limit",
+            )
+        return reply
 
 
 async def run(rt: Runtime, stop: asyncio.Event) -> None:

@@ -12,6 +12,12 @@ and only then deletes the letter. Requeues are paced at ``rate`` per second
 (:class:`services.ops.pacing.Pacer`), so a replay cannot start a retry storm; the reply comes
 when all are done, so a client waits about ``count / rate`` seconds. ``dry_run`` only plans:
 it writes nothing and reports, per letter, what would happen and why.
+
+Replies stay below NATS's ``max_payload`` (:data:`proto.limits.MAX_REPLY_BYTES`): a ``list``
+page ends early, with ``next_cursor`` where it stopped; a requeue report lists the leading
+letters and counts the rest in ``omitted`` (``requeued``, ``skipped`` and ``examined`` always
+count them all). Errors are cut to :data:`proto.limits.MAX_VIEW_ERROR` characters except in
+``show``.
 """
 
 from __future__ import annotations
@@ -30,8 +36,10 @@ from proto.api import (
     DlqShowRequest,
     decode_request,
 )
+from proto.limits import MAX_VIEW_ERROR
 from proto.messages import DeadLetter
 from proto.names import DLQ_UNIT_JOB, STREAM_DLQ, Names
+from services.gateway.views import within_budget
 from services.ops.pacing import Pacer
 from services.ops.requeue import SKIP, Plan, Requeuer
 from shared.errors import DecodeError, NotFoundError, TerminalError, ValidationError
@@ -56,7 +64,7 @@ def dead_letter_view(raw: api.RawStreamMsg, *, payload: bool = False) -> dict[st
         "job_id": letter.job_id,
         "unit": letter.unit,
         "reason": letter.reason,
-        "error": letter.error,
+        "error": letter.error if payload else _cut(letter.error),
         "source_stream": letter.source_stream,
         "source_seq": letter.source_seq,
         "deliveries": letter.deliveries,
@@ -105,11 +113,11 @@ class DlqHandlers:
                 break
             letters.append(raw)
             seq = raw.seq + 1
-        page = letters[: request.limit]
-        more = len(letters) > request.limit
+        views = within_budget(dead_letter_view(raw) for raw in letters[: request.limit])
+        more = len(letters) > len(views)
         return {
-            "dead_letters": [dead_letter_view(raw) for raw in page],
-            "next_cursor": str(page[-1].seq) if more else None,
+            "dead_letters": views,
+            "next_cursor": str(views[-1]["seq"]) if more else None,
         }
 
     async def show(self, data: bytes, headers: Headers) -> dict[str, Any]:
@@ -146,11 +154,14 @@ class DlqHandlers:
                                 f"{plan.action} refused: {exc}", plan.tile)  # fmt: skip
             plans.append(plan)
         acted = [p for p in plans if p.action != SKIP]
+        views = within_budget(p.view() | {"error": _cut(p.error)} for p in plans)
         return {
             "dry_run": request.dry_run,
             "requeued": len(acted),
             "skipped": len(plans) - len(acted),
-            "dead_letters": [p.view() for p in plans],
+            "examined": len(plans),
+            "dead_letters": views,
+            "omitted": len(plans) - len(views),
         }
 
     async def purge(self, data: bytes, headers: Headers) -> dict[str, Any]:
@@ -176,6 +187,10 @@ class DlqHandlers:
             self.log.warning("dead letters purged", job_id=request.job_id, count=matched)
         purged = 0 if request.dry_run else matched
         return {"purged": purged, "matched": matched, "dry_run": request.dry_run}
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_VIEW_ERROR else text[: MAX_VIEW_ERROR - 1] + "\u2026"
 
 
 def _cursor_seq(cursor: str | None) -> int:

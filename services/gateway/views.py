@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
+import orjson
+
+from proto.limits import MAX_REPLY_BYTES
 from shared.metadata.models import Job, TileCounts
 
-__all__ = ["job_status", "job_summary"]
+__all__ = ["job_status", "job_summary", "within_budget"]
 
 
 def _iso(at: datetime | None) -> str | None:
@@ -54,3 +58,20 @@ def job_status(job: Job, counts: TileCounts) -> dict[str, Any]:
         "last_error_code": job.last_error_code,
         "last_error": job.last_error,
     }
+
+
+def within_budget(
+    views: Iterable[dict[str, Any]], budget: int = MAX_REPLY_BYTES
+) -> list[dict[str, Any]]:
+    """The leading ``views`` whose JSON fits in ``budget`` bytes (at least one, if any).
+
+    A reply made of them stays below NATS's ``max_payload``, however long their texts are.
+    """
+    kept: list[dict[str, Any]] = []
+    used = 0
+    for view in views:
+        used += len(orjson.dumps(view)) + 1
+        if kept and used > budget:
+            break
+        kept.append(view)
+    return kept

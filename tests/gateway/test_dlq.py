@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 
+from proto.limits import MAX_VIEW_ERROR
 from proto.messages import DeadLetter, TileMessage
-from proto.names import STREAM_TILES, dlq_msg_id, dlq_unit_tile, new_job_id
+from proto.names import STREAM_TILES, ApiVerb, dlq_msg_id, dlq_unit_tile, new_job_id
 from proto.replies import ApiError
 from services.client.api import TesseraClient
 from services.gateway.app import Gateway
+from services.gateway.views import within_budget
 from shared.jetstream import publish
 from shared.runtime import Runtime
 
@@ -62,3 +65,73 @@ async def test_purge_needs_a_job_or_all(gateway: Gateway, client: TesseraClient)
     with pytest.raises(ApiError) as err:
         await client.dlq_purge()
     assert err.value.code == "invalid"
+
+
+async def _long_letters(rt: Runtime, count: int) -> list[str]:
+    """``count`` dead letters of unknown jobs, each with an 8000-character error."""
+    errors = []
+    for i in range(count):
+        error = f"{i:05d}:" + "x" * 7994
+        letter = DeadLetter(
+            job_id=new_job_id(), unit=dlq_unit_tile(0), reason="terminal", error=error,
+            source_stream=rt.names.stream(STREAM_TILES), source_seq=i + 1, deliveries=1,
+            subject=rt.names.tile_subject("j", 0), payload=b"",
+        )  # fmt: skip
+        await publish(rt.js, rt.names.dlq_subject(letter.job_id, letter.unit), letter.encode(),
+                      msg_id=dlq_msg_id(rt.names.stream(STREAM_TILES), i + 1))  # fmt: skip
+        errors.append(error)
+    return errors
+
+
+async def test_pages_and_requeue_reports_stay_below_max_payload(
+    gateway: Gateway, runtime: Runtime, client: TesseraClient
+) -> None:
+    """1,200 letters of 8 KB errors are 10 MB: pages end early, every letter is reached once."""
+    errors = await _long_letters(runtime, 1200)
+    seen: list[int] = []
+    cursor, pages = None, 0
+    while True:
+        page = await client.dlq_list(limit=1000, cursor=cursor)
+        pages += 1
+        for d in page["dead_letters"]:
+            assert d["error"] == errors[d["seq"] - 1][: MAX_VIEW_ERROR - 1] + "\u2026"
+        if pages == 1:
+            assert len(page["dead_letters"]) < 1000, "the first page is cut by size"
+        seen += [d["seq"] for d in page["dead_letters"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == list(range(1, 1201)), "nothing lost or repeated across the pages"
+    assert (await client.dlq_show(7))["dead_letter"]["error"] == errors[6], "show has it whole"
+
+    report = await client.dlq_requeue(dry_run=True, limit=10_000)
+    assert report["examined"] == 1200 and report["skipped"] == 1200  # no such jobs
+    assert 0 < len(report["dead_letters"]) < 1200
+    assert report["omitted"] == 1200 - len(report["dead_letters"])
+    assert [d["seq"] for d in report["dead_letters"]] == list(
+        range(1, len(report["dead_letters"]) + 1)
+    )
+
+
+async def test_a_reply_over_max_payload_becomes_a_clear_error(
+    gateway: Gateway, runtime: Runtime
+) -> None:
+    """The net under every handler: an oversized reply is answered, never dropped."""
+    subject = runtime.names.api_subject(ApiVerb.STATUS)
+
+    async def huge(data: bytes, headers: object) -> dict[str, object]:
+        return {"blob": "x" * (runtime.nc.max_payload + 1)}
+
+    gateway.routes[subject] = huge
+    reply = orjson.loads(await gateway.dispatch(subject, b"{}", None))
+    assert reply["ok"] is False and reply["error"]["code"] == "internal"
+    assert "max_payload" in reply["error"]["message"]
+
+
+def test_within_budget_keeps_a_prefix_and_at_least_one() -> None:
+    views = [{"n": i, "text": "y" * 100} for i in range(50)]
+    kept = within_budget(views, budget=1000)
+    assert kept == views[: len(kept)] and 0 < len(kept) < 50
+    assert sum(len(orjson.dumps(v)) + 1 for v in kept) <= 1000
+    assert within_budget([{"text": "z" * 5000}], budget=10) == [{"text": "z" * 5000}]
+    assert within_budget([], budget=10) == []
