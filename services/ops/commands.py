@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import TypeAlias
@@ -22,7 +23,7 @@ from services.client.argtypes import positive_float
 from services.client.session import EXIT_OK, EXIT_USAGE, CommandFailed, Session, run_command
 from services.ops.gc import collect, find_garbage, parse_age
 from services.ops.top import render, snapshot
-from shared.errors import ConfigError, ValidationError
+from shared.errors import ConfigError, RetryableError, ValidationError
 from shared.leases import ProgressPointers
 from shared.metadata import MetadataStore
 from shared.objectstore import open_object_store
@@ -93,7 +94,13 @@ async def top(session: Session, args: argparse.Namespace) -> int:
     live = sys.stdout.isatty() and not args.once
     try:
         while True:
-            frame = render(await snapshot(js, topology, db, window=args.window))
+            try:
+                frame = render(await snapshot(js, topology, db, window=args.window))
+            except RetryableError as exc:
+                if args.once:
+                    raise  # exit 4, "unavailable", with the reason
+                # live: say so on screen and keep trying; the next frame may succeed
+                frame = f"tessera top: no frame at {time.strftime('%H:%M:%S')}: {exc}"
             print(f"{_CLEAR if live else ''}{frame}", flush=True)
             if args.once:
                 return EXIT_OK

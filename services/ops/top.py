@@ -16,12 +16,14 @@ from datetime import datetime
 
 import orjson
 from nats.js import JetStreamContext
+from nats.js.api import RawStreamMsg
 from nats.js.errors import NotFoundError
 
 from proto import names as n
 from proto.topology import Topology
 from services.client.output import table_lines
 from services.ops.streams import StreamStats, read_stats
+from shared.jetstream import retry_transient
 from shared.lifecycle import JobState
 from shared.metadata import AuditEvent, MetadataStore
 from shared.metadata.ops import InFlightTile
@@ -29,6 +31,7 @@ from shared.metadata.ops import InFlightTile
 __all__ = ["LeaseView", "Snapshot", "render", "snapshot"]
 
 _DELETED = {"DEL", "PURGE"}
+LEASE_READ_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True)
@@ -56,9 +59,16 @@ class Snapshot:
 
 async def lease_of(js: JetStreamContext, bucket: str, key: str) -> LeaseView | None:
     """The current holder of lease ``key`` in ``bucket``, read from its backing stream."""
-    try:
-        raw = await js.get_last_msg(f"KV_{bucket}", f"$KV.{bucket}.{key}")
-    except NotFoundError:
+
+    async def attempt(budget: float) -> RawStreamMsg | None:
+        try:
+            return await js.get_last_msg(f"KV_{bucket}", f"$KV.{bucket}.{key}")
+        except NotFoundError:
+            return None
+
+    # transient errors retried, then StoreUnavailable: a frame never dies on a NATS hiccup
+    raw = await retry_transient("lease read", attempt, timeout_total=LEASE_READ_TIMEOUT)
+    if raw is None:
         return None
     if (raw.headers or {}).get("KV-Operation") in _DELETED or not raw.data:
         return None

@@ -2,6 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
 from nats.aio.client import Client as NATS
 
 from proto import names as n
@@ -9,6 +18,8 @@ from services.client.api import TesseraClient
 from shared.config import Settings
 from shared.metadata import MetadataStore
 from shared.objectstore import ObjectStore
+from shared.runtime import Runtime
+from shared.stack import PostgresServer
 from tests.e2e.conftest import reference_png
 from tests.e2e.flows import request, result_bytes, settle, submit
 from tests.harness import ServiceProcesses
@@ -58,3 +69,66 @@ async def test_lost_lease_then_takeover_and_top_shows_the_tile(
     assert value(w, "tessera_lease_takeovers_total") == 1, "the redelivery found the row leased"
     assert value(w, "tessera_tile_attempts_total") == 2
     assert value(w, "tessera_tiles_completed_total") == 1
+
+
+async def _prepare(env: dict[str, str]) -> None:
+    rt = await Runtime.open(Settings.from_env(env), "scheduler")  # schema and streams
+    await rt.close()
+
+
+def test_live_top_rides_out_a_database_outage(
+    settings_env: dict[str, str], server_dir: Path
+) -> None:
+    """A live ``top`` shows why a frame is missing and carries on; ``--once`` exits 4."""
+    pg = PostgresServer(server_dir / "pg", durable=False)
+    pg.start()
+    env = settings_env | {"TESSERA_DATABASE_URL": pg.dsn}
+    top: subprocess.Popen[str] | None = None
+    pumping: threading.Thread | None = None
+    try:
+        asyncio.run(_prepare(env))
+        top = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", "top", "--interval", "0.2"],
+            env=os.environ | env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        lines: queue.Queue[str] = queue.Queue()
+        out = top.stdout
+        assert out is not None
+
+        def pump() -> None:
+            for line in out:
+                lines.put(line)
+
+        pumping = threading.Thread(target=pump, daemon=True)
+        pumping.start()
+
+        def until(needle: str, within: float = 60) -> None:
+            deadline = time.monotonic() + within
+            while time.monotonic() < deadline:
+                assert top is not None and top.poll() is None, "top exited"
+                try:
+                    if needle in lines.get(timeout=0.5):
+                        return
+                except queue.Empty:
+                    pass
+            raise AssertionError(f"top never printed {needle!r}")
+
+        until("IN FLIGHT")
+        pg.stop()
+        until("tessera top: no frame at")
+        once = subprocess.run(
+            [sys.executable, "-m", "services.cli", "top", "--once"],
+            env=os.environ | env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert once.returncode == 4 and "Traceback" not in once.stderr, once.stderr
+        pg.start()
+        until("IN FLIGHT")
+    finally:
+        if top is not None:
+            top.kill()
+            top.wait(30)
+            if pumping is not None:
+                pumping.join(30)  # the pipe is at its end once top is gone
+            if top.stdout is not None:
+                top.stdout.close()
+        pg.stop()
