@@ -35,23 +35,46 @@ def settings_of(job: Job) -> kernel.RenderSettings:
     )
 
 
-class SceneCache:
-    """A small LRU of prepared scenes keyed by job id (bounded: scenes can be large)."""
+#: default bound on the prepared arrays a worker keeps (a 200k-triangle mesh is ~40 MB)
+SCENE_CACHE_BYTES = 512 * 1024 * 1024
 
-    def __init__(self, size: int = 8) -> None:
-        self.size = size
+
+class SceneCache:
+    """A small LRU of prepared scenes keyed by job id, bounded by count and by bytes.
+
+    The newest scene always stays, whatever its size. Tiles of one job that arrive together
+    share one preparation instead of each building the BVH.
+    """
+
+    def __init__(self, size: int = 8, max_bytes: int = SCENE_CACHE_BYTES) -> None:
+        self.size, self.max_bytes = size, max_bytes
         self._items: OrderedDict[str, kernel.Prepared] = OrderedDict()
+        self._preparing: dict[str, asyncio.Task[kernel.Prepared]] = {}
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the arrays the cached scenes hold."""
+        return sum(_nbytes(p) for p in self._items.values())
 
     async def get(self, job: Job, executor: Executor) -> kernel.Prepared:
         """The prepared scene of ``job``; :class:`KernelFailure` if the kernel rejects it.
 
         Preparing (flattening, building the BVH of a large mesh) runs on ``executor``, off the
-        event loop, so heartbeats of other tiles never wait for it.
+        event loop, so heartbeats of other tiles never wait for it. A caller that is cancelled
+        (a hand-back) leaves the preparation running for the others, and for the cache.
         """
         hit = self._items.get(job.job_id)
         if hit is not None:
             self._items.move_to_end(job.job_id)
             return hit
+        task = self._preparing.get(job.job_id)
+        if task is None:
+            task = asyncio.create_task(self._prepare(job, executor))
+            self._preparing[job.job_id] = task
+            task.add_done_callback(functools.partial(self._prepared, job.job_id))
+        return await asyncio.shield(task)
+
+    async def _prepare(self, job: Job, executor: Executor) -> kernel.Prepared:
         loop = asyncio.get_running_loop()
         work = functools.partial(kernel.prepare, job.scene, job.frame, settings_of(job))
         try:
@@ -59,10 +82,22 @@ class SceneCache:
         except (kernel.SceneError, ValueError, ArithmeticError) as exc:
             raise KernelFailure(f"scene rejected by the kernel: {exc}") from exc
         _check_finite(prepared)
-        self._items[job.job_id] = prepared
-        while len(self._items) > self.size:
-            self._items.popitem(last=False)
         return prepared
+
+    def _prepared(self, job_id: str, task: asyncio.Task[kernel.Prepared]) -> None:
+        self._preparing.pop(job_id, None)
+        if task.cancelled() or task.exception() is not None:  # (retrieved: no warning)
+            return
+        self._items[job_id] = task.result()
+        self._items.move_to_end(job_id)
+        while len(self._items) > 1 and (
+            len(self._items) > self.size or self.nbytes > self.max_bytes
+        ):
+            self._items.popitem(last=False)
+
+
+def _nbytes(prepared: kernel.Prepared) -> int:
+    return sum(int(a.nbytes) for a in (*prepared.geometry(), prepared.camera, prepared.params))
 
 
 def _check_finite(prepared: kernel.Prepared) -> None:

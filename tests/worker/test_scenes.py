@@ -1,0 +1,86 @@
+"""The worker's prepared-scene cache: shared preparations, bounds by count and by bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+import kernel
+from services.worker import scenes
+from services.worker.scenes import KernelFailure, SceneCache
+from shared.lifecycle import JobState
+from shared.metadata import Job
+
+
+def _job(job_id: str, scene: Any = "cornell") -> Job:
+    now = datetime.now(UTC)
+    doc = kernel.builtin_scene(scene) if isinstance(scene, str) else scene
+    return Job(
+        job_id=job_id, idempotency_key=job_id, fingerprint="f", project="p", request={},
+        scene=doc, frame=0, input_hash="h", width=32, height=24, spp=1, tile_size=16,
+        tiles_total=4, state=JobState.RUNNING, generation=0, cancel_requested=False,
+        result_location=None, result_sha256=None, float_location=None, last_error_code=None,
+        last_error=None, created_at=now, updated_at=now, finished_at=None,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def pool() -> Any:
+    with ThreadPoolExecutor(2) as executor:
+        yield executor
+
+
+async def test_tiles_arriving_together_share_one_preparation(
+    pool: ThreadPoolExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls, release = [], threading.Event()
+    real = kernel.prepare
+
+    def slow_prepare(*args: Any) -> kernel.Prepared:
+        calls.append(args)
+        assert release.wait(30)
+        return real(*args)
+
+    monkeypatch.setattr(kernel, "prepare", slow_prepare)  # scenes calls kernel.prepare
+    cache, job = SceneCache(), _job("a")
+    waiters = [asyncio.create_task(cache.get(job, pool)) for _ in range(5)]
+    await asyncio.sleep(0)  # all five are waiting on the one preparation
+    waiters[0].cancel()  # a hand-back: the others (and the cache) still get the scene
+    release.set()
+    results = await asyncio.gather(*waiters[1:])
+    assert len(calls) == 1 and all(r is results[0] for r in results)
+    assert await cache.get(job, pool) is results[0]
+    assert len(calls) == 1
+
+
+async def test_a_rejected_scene_fails_every_waiter_and_is_not_cached(
+    pool: ThreadPoolExecutor,
+) -> None:
+    cache, job = SceneCache(), _job("bad", scene={"objects": "not a list"})
+    outcomes = await asyncio.gather(
+        *(cache.get(job, pool) for _ in range(3)), return_exceptions=True
+    )
+    assert all(isinstance(o, KernelFailure) for o in outcomes), outcomes
+    assert cache.nbytes == 0
+    with pytest.raises(KernelFailure):
+        await cache.get(job, pool)  # tried again, not a cached failure
+
+
+async def test_bounded_by_count_and_by_bytes_newest_always_kept(pool: ThreadPoolExecutor) -> None:
+    by_count = SceneCache(size=2)
+    for name in "abc":
+        await by_count.get(_job(name), pool)
+    assert list(by_count._items) == ["b", "c"]
+    one = scenes._nbytes(await SceneCache().get(_job("x"), pool))
+    by_bytes = SceneCache(size=8, max_bytes=2 * one)
+    for name in "abcd":
+        await by_bytes.get(_job(name), pool)
+    assert list(by_bytes._items) == ["c", "d"] and by_bytes.nbytes <= 2 * one
+    tiny = SceneCache(max_bytes=1)
+    await tiny.get(_job("big"), pool)
+    assert list(tiny._items) == ["big"], "the scene in use stays even over the bound"
