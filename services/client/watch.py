@@ -13,7 +13,7 @@ import asyncio
 import sys
 from typing import Any
 
-from tqdm import tqdm  # type: ignore[import-untyped]  # no types-tqdm in the dev deps
+from tqdm import tqdm
 
 from proto.names import EventKind
 from services.client.api import TesseraClient

@@ -16,6 +16,7 @@ deletion is checked against that rule again right before it happens.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import re
 import time
@@ -58,8 +59,8 @@ def parse_age(raw: str) -> float:
         value = float(number) * (unit or 1)
     except ValueError:
         raise ValidationError(f"--older-than {raw!r} is not a duration like 90s, 15m, 1h") from None
-    if not value >= 0:
-        raise ValidationError(f"--older-than {raw!r} must not be negative")
+    if not (math.isfinite(value) and value >= 0):
+        raise ValidationError(f"--older-than {raw!r} must be a finite duration >= 0")
     return value
 
 
