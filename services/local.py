@@ -85,11 +85,8 @@ class ServiceProcesses:
     def wait_started(self, proc: ManagedProcess, timeout: float = 60.0) -> None:
         """Block (bounded) until ``proc`` logs that it started: topology declared, connected."""
 
-        def started() -> bool:
-            try:
-                return '"msg":"started"' in proc.log_path.read_text(errors="replace")
-            except OSError:
-                return False
+        def started() -> bool:  # this run's lines only: the log outlives runs of `up`
+            return '"msg":"started"' in proc.log_since_start()
 
         wait_for(started, timeout=timeout, what=f"{proc.name} did not start", proc=proc)
 

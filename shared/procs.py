@@ -21,6 +21,8 @@ from pathlib import Path
 __all__ = ["ManagedProcess", "StackError", "free_port", "port_accepts", "wait_for"]
 
 _PR_SET_PDEATHSIG = 1
+#: how much of a log's end :meth:`ManagedProcess.log_tail` reads
+LOG_TAIL_BYTES = 64 * 1024
 
 
 class StackError(RuntimeError):
@@ -80,6 +82,8 @@ class ManagedProcess:
         self.death_signal = death_signal
         self.stop_signal = stop_signal
         self._popen: subprocess.Popen[bytes] | None = None
+        #: where this run's output starts in the log (the file is appended to across runs)
+        self.log_start = 0
 
     @property
     def pid(self) -> int | None:
@@ -96,6 +100,7 @@ class ManagedProcess:
             raise StackError(f"{self.name} is already running as PID {self.pid}")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
+            self.log_start = log.seek(0, os.SEEK_END)
             try:
                 self._popen = subprocess.Popen(
                     self.argv,
@@ -146,12 +151,27 @@ class ManagedProcess:
             return None
 
     def log_tail(self, lines: int = 20) -> str:
-        """The last ``lines`` lines of the child's log, for error messages."""
+        """The last ``lines`` lines this run wrote to the log, for error messages.
+
+        Reads at most the last :data:`LOG_TAIL_BYTES` of the file, however long it has grown.
+        """
         try:
-            text = self.log_path.read_text(errors="replace")
+            with self.log_path.open("rb") as log:
+                end = log.seek(0, os.SEEK_END)
+                log.seek(max(self.log_start, end - LOG_TAIL_BYTES))
+                text = log.read().decode(errors="replace")
         except OSError:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+
+    def log_since_start(self) -> str:
+        """What this run has written to the log so far (not earlier runs' lines)."""
+        try:
+            with self.log_path.open("rb") as log:
+                log.seek(self.log_start)
+                return log.read().decode(errors="replace")
+        except OSError:
+            return ""
 
 
 def wait_for(

@@ -12,6 +12,7 @@ import asyncpg
 import nats
 import pytest
 
+from services.local import ServiceProcesses
 from shared.procs import ManagedProcess, StackError, wait_for
 from shared.stack import NatsServer, SeaweedS3, Stack
 from tests.helpers import eventually_sync, pid_alive
@@ -102,6 +103,28 @@ def test_readiness_timeout_names_what_and_shows_log(tmp_path: Path) -> None:
     finally:
         silent.stop(timeout=2)
     assert silent.pid is not None and not pid_alive(silent.pid)
+
+
+def test_a_restarted_process_reads_only_its_own_log_lines(tmp_path: Path) -> None:
+    """The log is appended to across runs: an old 'started' must not count for a new run."""
+    log = tmp_path / "svc.log"
+    log.write_bytes(b'{"msg":"started"}\n' + b"x" * 200_000 + b"\nold last line\n")
+    proc = ManagedProcess("svc", ["sh", "-c", "echo new run; exit 3"], log)
+    proc.start()
+    assert proc.wait(10) == 3
+    assert proc.log_since_start() == "new run\n"
+    assert proc.log_tail() == "new run"
+    procs = ServiceProcesses({}, tmp_path)
+    with pytest.raises(StackError, match="did not start"):
+        procs.wait_started(proc, timeout=0.5)
+
+
+def test_log_tail_reads_the_end_of_a_long_log(tmp_path: Path) -> None:
+    log = tmp_path / "long.log"
+    proc = ManagedProcess("long", ["sh", "-c", "seq 1 300000"], log)
+    proc.start()
+    assert proc.wait(30) == 0
+    assert proc.log_tail(3).splitlines() == ["299998", "299999", "300000"]
 
 
 def test_nothing_survives_a_sigkilled_supervisor(server_dir: Path) -> None:
