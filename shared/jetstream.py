@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -38,10 +36,10 @@ from nats.js.errors import APIError, NoStreamResponseError, ServerError, Service
 
 from shared.config import Settings
 from shared.errors import ConflictError, StoreUnavailable, TerminalError
+from shared.retry import RetryPolicy, backoff
 
 __all__ = [
-    "DEFAULT_BACKOFF",
-    "Backoff",
+    "TRANSIENT_RETRY",
     "PublishRejected",
     "WrongLastSequence",
     "ack_sync_retry",
@@ -98,22 +96,8 @@ class PublishRejected(TerminalError):
         self.err_code = err_code
 
 
-@dataclass(frozen=True)
-class Backoff:
-    """Exponential backoff between tries: ``min(cap, base * 2**attempt)``, +/- ``jitter``."""
-
-    base: float = 0.05
-    cap: float = 1.0
-    #: fraction of the delay randomised, so retrying clients do not move in lock-step
-    jitter: float = 0.2
-
-    def delay(self, attempt: int, rand: float) -> float:
-        """Delay before try ``attempt + 1``; ``rand`` is uniform in [0, 1)."""
-        raw = min(self.cap, self.base * float(1 << min(attempt, 30)))
-        return raw * (1 - self.jitter + 2 * self.jitter * rand)
-
-
-DEFAULT_BACKOFF = Backoff()
+#: pauses between tries of a JetStream call: 50 ms doubling to 1 s, -20 % jitter
+TRANSIENT_RETRY = RetryPolicy(base=0.05, cap=1.0, jitter=0.2)
 
 
 async def retry_transient(
@@ -122,7 +106,7 @@ async def retry_transient(
     *,
     timeout_total: float,
     attempt_timeout: float = 2.0,
-    backoff: Backoff = DEFAULT_BACKOFF,
+    policy: RetryPolicy = TRANSIENT_RETRY,
 ) -> T:
     """Run ``attempt(timeout)`` until it succeeds, retrying :data:`TRANSIENT` errors.
 
@@ -141,7 +125,7 @@ async def retry_transient(
             raise StoreUnavailable(f"{what}: the NATS connection is closed") from exc
         except TRANSIENT as exc:
             last = exc
-        pause = backoff.delay(tries, random.random())
+        pause = backoff(policy, tries + 1)
         if loop.time() + pause >= deadline:
             raise StoreUnavailable(
                 f"{what}: no answer from JetStream within {timeout_total:g} s "

@@ -17,20 +17,11 @@ from proto import names as n
 from proto.ensure import ensure_topology
 from proto.topology import Topology
 from shared.errors import LeaseLost, StoreUnavailable
-from shared.jetstream import Backoff, ack_sync_retry, connect_nats, publish
+from shared.jetstream import ack_sync_retry, connect_nats, publish
 from shared.leases import Lease, LeaseOwner, Leases
 from shared.procs import free_port
 from shared.stack import NatsServer, Stack
 from tests.stores.support import nats_settings, wait_for_async
-
-
-def test_backoff_is_bounded_and_grows() -> None:
-    policy = Backoff(base=0.1, cap=1.0, jitter=0.0)
-    assert [policy.delay(i, 0.5) for i in range(6)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
-    jittered = Backoff(base=1.0, cap=1.0, jitter=0.2)
-    assert jittered.delay(0, 0.0) == pytest.approx(0.8)
-    assert jittered.delay(0, 0.999999) == pytest.approx(1.2)
-    assert policy.delay(10_000, 0.5) == 1.0
 
 
 async def test_same_msg_id_twice_is_a_duplicate(js: JetStreamContext, topology: Topology):
