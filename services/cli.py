@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"run the {service} service (configured by TESSERA_* environment variables)",
             epilog="runs until SIGTERM or SIGINT, then stops cleanly (a worker hands its tiles "
             "back within TESSERA_GRACE_PERIOD). exit status: 0 stopped; 1 could not start "
-            "(a server unreachable) or crashed; 2 configuration error",
+            "(a server unreachable) or crashed; 2 configuration error (a bad variable, or a "
+            "topology the NATS server refuses)",
         )
         p.set_defaults(func=_cmd_service)
     sub.add_parser("version", help="print the versions of Tessera and its kernel").set_defaults(

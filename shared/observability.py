@@ -35,6 +35,8 @@ __all__ = ["CHECK_TIMEOUT", "Check", "OpsServer"]
 CHECK_TIMEOUT = 2.0
 #: seconds :meth:`OpsServer.close` waits for requests in progress
 _SHUTDOWN_TIMEOUT = 2.0
+#: seconds an idle connection (a scraper between scrapes, a silent port scan) is kept open
+_KEEPALIVE = 5.0
 
 Check = Callable[[], Awaitable[None]]
 """A readiness check: returns when the dependency answers, raises otherwise."""
@@ -64,7 +66,11 @@ class OpsServer:
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, shutdown_timeout=_SHUTDOWN_TIMEOUT
+            app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=_SHUTDOWN_TIMEOUT,
+            keepalive_timeout=_KEEPALIVE,  # aiohttp's default keeps idle sockets for an hour
         )
         await runner.setup()
         try:

@@ -158,7 +158,9 @@ async def _run(settings: Settings, service: str, body: ServiceBody) -> int:
         runtime = await Runtime.open(settings, service)
     except TesseraError as exc:
         log.error("start-up failed", error=str(exc), code=exc.code)
-        return 1
+        # a setting the servers refuse (a topology that differs from the one declared) is a
+        # configuration error like a malformed variable; anything else is a failed start
+        return 2 if isinstance(exc, ConfigError) else 1
     log.info("started", namespace=settings.tuning.namespace)
     ops: OpsServer | None = None
     try:

@@ -154,12 +154,19 @@ async def get(session: Session, args: argparse.Namespace) -> int:
         )
     if args.float and not reply.get("float_location"):
         raise CommandFailed(f"job {args.job} has no float image", EXIT_JOB_FAILED)
+    targets = [Path(args.output or f"{args.job}.png"), *([Path(args.float)] if args.float else [])]
+    for target in targets:  # before downloading anything: all the files or none
+        if not os.access(target.parent, os.W_OK | os.X_OK) or not target.parent.is_dir():
+            raise CommandFailed(
+                f"cannot write {target}: {target.parent} is not a writable directory", EXIT_USAGE
+            )
     store = await open_object_store(session.settings.object_store)
     try:
         png = await store.get(reply["result_location"], sha256=reply["result_sha256"])
-        _write(Path(args.output or f"{args.job}.png"), png)
-        if args.float:
-            _write(Path(args.float), await store.get(reply["float_location"]))
+        floats = await store.get(reply["float_location"]) if args.float else None
+        _write(targets[0], png)
+        if floats is not None:
+            _write(targets[1], floats)
     finally:
         await store.close()
     print(args.output or f"{args.job}.png")

@@ -36,7 +36,8 @@ __all__ = ["EPILOG", "register"]
 
 EPILOG = (
     "exit status: 0 ok; 1 job failed, cancelled, dead-lettered or not completed; "
-    "2 usage or configuration error; 3 error reply from the gateway (error[code]: message); "
+    "2 usage or configuration error, or an output file that cannot be written; "
+    "3 error reply from the gateway (error[code]: message); "
     "4 unavailable (no gateway answered within --timeout, NATS unreachable)"
 )
 

@@ -16,6 +16,7 @@ from typing import Any
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from proto.limits import MAX_REPLY_BYTES
 from proto.names import ApiVerb
 from proto.replies import ErrorCode, error_reply, ok_reply, reply_for_exception
 from services.gateway.dlq import DlqHandlers
@@ -37,7 +38,9 @@ class Gateway:
         self.rt = rt
         self.max_in_flight = max_in_flight
         self.handlers = Handlers(rt.db, rt.js, rt.names, rt.log, rt.metrics)
-        self.dlq = DlqHandlers(rt.js, rt.names, rt.log, requeuer=Requeuer(rt))
+        # half the server's max_payload at most: the reply's envelope and counts fit beside it
+        budget = min(MAX_REPLY_BYTES, rt.nc.max_payload // 2)
+        self.dlq = DlqHandlers(rt.js, rt.names, rt.log, requeuer=Requeuer(rt), reply_budget=budget)
         self.routes: dict[str, Handler] = {
             rt.names.api_subject(verb): handler for verb, handler in self._verbs().items()
         }
@@ -92,7 +95,9 @@ class Gateway:
         try:
             reply = await self.dispatch(msg.subject, msg.data, msg.headers)
             if msg.reply:
-                await msg.respond(reply)
+                # not msg.respond(): it would echo the request's headers, which count
+                # towards max_payload too
+                await self.rt.nc.publish(msg.reply, reply)
         except Exception:  # the reply itself failed (connection gone): log, keep serving
             self.rt.log.error("could not reply", exc=True, subject=msg.subject)
         finally:
@@ -117,8 +122,8 @@ class Gateway:
             self.rt.log.error("reply too large", subject=subject, size=len(reply))
             return error_reply(
                 ErrorCode.INTERNAL,
-                f"the reply ({len(reply)} bytes) exceeds the NATS server's max_payload "
-                f"({self.rt.nc.max_payload} bytes); ask for a smaller limit",
+                f"the reply ({len(reply)} bytes) is larger than the NATS server's max_payload "
+                f"({self.rt.nc.max_payload} bytes); ask for fewer items",
             )
         return reply
 

@@ -26,6 +26,7 @@ import base64
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError as JsNotFound
 
@@ -36,7 +37,7 @@ from proto.api import (
     DlqShowRequest,
     decode_request,
 )
-from proto.limits import MAX_VIEW_ERROR
+from proto.limits import MAX_REPLY_BYTES, MAX_VIEW_ERROR
 from proto.messages import DeadLetter
 from proto.names import DLQ_UNIT_JOB, STREAM_DLQ, Names
 from services.gateway.views import within_budget
@@ -79,11 +80,19 @@ class DlqHandlers:
     """``dlq.list``, ``dlq.show``, ``dlq.purge`` and (given a requeuer) ``dlq.requeue``."""
 
     def __init__(
-        self, js: JetStreamContext, names: Names, log: Log, *, requeuer: Requeuer | None = None
+        self,
+        js: JetStreamContext,
+        names: Names,
+        log: Log,
+        *,
+        requeuer: Requeuer | None = None,
+        reply_budget: int = MAX_REPLY_BYTES,
     ) -> None:
         self.js, self.names, self.log = js, names, log
         self.stream = names.stream(STREAM_DLQ)
         self.requeuer = requeuer
+        #: bytes of letter views one reply may carry (below the server's max_payload)
+        self.reply_budget = reply_budget
 
     def _filter(self, job_id: str | None) -> str:
         if job_id is None:
@@ -106,15 +115,18 @@ class DlqHandlers:
         """``tessera.api.dlq.list``: dead letters oldest first; ``next_cursor`` null at the end."""
         request = decode_request(data, headers, DlqListRequest)
         seq = _cursor_seq(request.cursor) + 1
-        subject, letters = self._filter(request.job_id), list[api.RawStreamMsg]()
-        while len(letters) <= request.limit:
+        subject, views, used, more = self._filter(request.job_id), list[dict[str, Any]](), 0, False
+        while True:
             raw = await self._next(seq, subject)
             if raw is None or raw.seq is None:
                 break
-            letters.append(raw)
+            view = dead_letter_view(raw)
+            used += len(orjson.dumps(view)) + 1
+            if len(views) == request.limit or (views and used > self.reply_budget):
+                more = True  # a next page exists; it starts with this letter
+                break
+            views.append(view)
             seq = raw.seq + 1
-        views = within_budget(dead_letter_view(raw) for raw in letters[: request.limit])
-        more = len(letters) > len(views)
         return {
             "dead_letters": views,
             "next_cursor": str(views[-1]["seq"]) if more else None,
@@ -154,7 +166,9 @@ class DlqHandlers:
                                 f"{plan.action} refused: {exc}", plan.tile)  # fmt: skip
             plans.append(plan)
         acted = [p for p in plans if p.action != SKIP]
-        views = within_budget(p.view() | {"error": _cut(p.error)} for p in plans)
+        views = within_budget(
+            (p.view() | {"error": _cut(p.error)} for p in plans), self.reply_budget
+        )
         return {
             "dry_run": request.dry_run,
             "requeued": len(acted),

@@ -31,7 +31,8 @@ from shared.metadata.ops import InFlightTile
 __all__ = ["LeaseView", "Snapshot", "render", "snapshot"]
 
 _DELETED = {"DEL", "PURGE"}
-LEASE_READ_TIMEOUT = 5.0
+#: seconds a lease read may take, retries included: over two tries of `top`'s 5 s JetStream timeout
+LEASE_READ_TIMEOUT = 12.0
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,10 @@ class SceneCache:
 
 
 def _nbytes(prepared: kernel.Prepared) -> int:
-    return sum(int(a.nbytes) for a in (*prepared.geometry(), prepared.camera, prepared.params))
+    """The arrays a prepared scene keeps: the flattened geometry and its meshes' sources."""
+    meshes = [a for m in prepared.scene.meshes for a in (m.vertices, m.indices)]
+    arrays = (*prepared.geometry(), prepared.camera, prepared.params, *meshes)
+    return sum(int(a.nbytes) for a in arrays)
 
 
 def _check_finite(prepared: kernel.Prepared) -> None:

@@ -150,6 +150,8 @@ async def test_get_and_watch_a_completed_job(
     refused = await tessera("get", job_id, "-o", str(nowhere))
     assert refused.status == 2 and f"cannot write {nowhere}" in refused.err, refused.err
     assert "Traceback" not in refused.err and not nowhere.parent.exists()
+    half = await tessera("get", job_id, "-o", str(tmp_path / "a.png"), "--float", str(nowhere))
+    assert half.status == 2 and not (tmp_path / "a.png").exists(), "both files or neither"
     out, flt = tmp_path / "out.png", tmp_path / "out.npy"
     result = await tessera("get", job_id, "-o", str(out), "--float", str(flt))
     assert result.status == 0, result.err

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from proto.limits import MAX_VIEW_ERROR
+from proto.limits import MAX_REPLY_BYTES, MAX_VIEW_ERROR
 from proto.messages import DeadLetter, TileMessage
 from proto.names import STREAM_TILES, ApiVerb, dlq_msg_id, dlq_unit_tile, new_job_id
 from proto.replies import ApiError
@@ -111,6 +111,21 @@ async def test_pages_and_requeue_reports_stay_below_max_payload(
     assert [d["seq"] for d in report["dead_letters"]] == list(
         range(1, len(report["dead_letters"]) + 1)
     )
+
+
+async def test_the_budget_follows_a_smaller_max_payload(
+    gateway: Gateway, runtime: Runtime, client: TesseraClient
+) -> None:
+    """On a server with a small max_payload, pages shrink to half of it."""
+    assert gateway.dlq.reply_budget == min(MAX_REPLY_BYTES, runtime.nc.max_payload // 2)
+    await _long_letters(runtime, 40)
+    gateway.dlq.reply_budget = 8_000  # what a 16 KB max_payload would give
+    page = await client.dlq_list(limit=1000)
+    views = page["dead_letters"]
+    assert 0 < len(views) < 40 and page["next_cursor"] == str(views[-1]["seq"])
+    assert sum(len(orjson.dumps(v)) + 1 for v in views) <= 8_000
+    report = await client.dlq_requeue(dry_run=True)
+    assert report["examined"] == 40 and report["omitted"] == 40 - len(report["dead_letters"]) > 0
 
 
 async def test_a_reply_over_max_payload_becomes_a_clear_error(

@@ -79,6 +79,18 @@ async def test_methods_and_content_types(gateway_ops) -> None:
     assert (await asyncio.to_thread(call, "DELETE", "/metrics"))[0] == 405
 
 
+async def test_an_idle_connection_is_closed_within_seconds(gateway_ops) -> None:
+    """A socket that never sends a request (a port scan, a dead scraper) does not stay open."""
+    _, port = gateway_ops
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        started = asyncio.get_running_loop().time()
+        assert await asyncio.wait_for(reader.read(), 30) == b"", "closed by the server"
+        assert asyncio.get_running_loop().time() - started < 30
+    finally:
+        writer.close()
+
+
 async def test_listens_only_on_the_configured_host(settings: Settings) -> None:
     """Bound to 127.0.0.2, the endpoint answers there and not on 127.0.0.1."""
     rt = await Runtime.open(settings, "scheduler")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -158,3 +160,27 @@ async def test_lease_bucket_with_limit_marker_is_repaired(nc: Client) -> None:
     info = await js.stream_info(f"KV_{bucket}")
     assert not info.config.subject_delete_marker_ttl
     assert info.config.allow_msg_ttl is True
+
+
+async def test_a_service_facing_a_refused_topology_exits_2(
+    nc: Client, settings_env: dict[str, str], namespace: str
+) -> None:
+    """A topology the server will not take is a configuration error: exit 2, said in the log."""
+    names = n.Names(namespace)
+    name = names.stream(n.STREAM_EVENTS)
+    await nc.jetstream().add_stream(
+        name=name, subjects=[names.events_subjects], retention="workqueue"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "services.scheduler",
+        env=os.environ | settings_env, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 2, out
+    assert b"start-up failed" in out and name.encode() in out

@@ -38,19 +38,23 @@ def pool() -> Any:
 async def test_tiles_arriving_together_share_one_preparation(
     pool: ThreadPoolExecutor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    calls, release = [], threading.Event()
+    calls, entered, release = [], threading.Event(), threading.Event()
     real = kernel.prepare
 
     def slow_prepare(*args: Any) -> kernel.Prepared:
         calls.append(args)
+        entered.set()
         assert release.wait(30)
         return real(*args)
 
     monkeypatch.setattr(kernel, "prepare", slow_prepare)  # scenes calls kernel.prepare
     cache, job = SceneCache(), _job("a")
-    waiters = [asyncio.create_task(cache.get(job, pool)) for _ in range(5)]
-    await asyncio.sleep(0)  # all five are waiting on the one preparation
-    waiters[0].cancel()  # a hand-back: the others (and the cache) still get the scene
+    first = asyncio.create_task(cache.get(job, pool))
+    assert await asyncio.to_thread(entered.wait, 30), "the preparation started"
+    waiters = [first, *(asyncio.create_task(cache.get(job, pool)) for _ in range(4))]
+    first.cancel()  # a hand-back: the others (and the cache) still get the scene
+    with pytest.raises(asyncio.CancelledError):
+        await first
     release.set()
     results = await asyncio.gather(*waiters[1:])
     assert len(calls) == 1 and all(r is results[0] for r in results)
@@ -84,3 +88,10 @@ async def test_bounded_by_count_and_by_bytes_newest_always_kept(pool: ThreadPool
     tiny = SceneCache(max_bytes=1)
     await tiny.get(_job("big"), pool)
     assert list(tiny._items) == ["big"], "the scene in use stays even over the bound"
+
+
+async def test_a_mesh_scene_counts_its_source_arrays(pool: ThreadPoolExecutor) -> None:
+    prepared = await SceneCache().get(_job("m", scene="mesh"), pool)
+    mesh = sum(m.vertices.nbytes + m.indices.nbytes for m in prepared.scene.meshes)
+    flat = sum(a.nbytes for a in (*prepared.geometry(), prepared.camera, prepared.params))
+    assert mesh > 0 and scenes._nbytes(prepared) == mesh + flat
