@@ -15,6 +15,7 @@ import orjson
 
 from proto.limits import DEFAULT_REQUEUE_RATE
 from services.client.api import TesseraClient
+from services.client.argtypes import positive_int
 from services.client.session import EXIT_OK, Session
 
 __all__ = ["dlq_requeue", "parse_rate", "requeue_table"]
@@ -22,14 +23,10 @@ __all__ = ["dlq_requeue", "parse_rate", "requeue_table"]
 
 def parse_rate(raw: str) -> int:
     """``10`` or ``10/s`` as requeues per second (a whole number >= 1)."""
-    text = raw.strip().removesuffix("/s")
     try:
-        rate = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{raw!r} is not N or N/s") from None
-    if rate < 1:
-        raise argparse.ArgumentTypeError(f"{raw!r}: the rate must be at least 1/s")
-    return rate
+        return positive_int(raw.strip().removesuffix("/s"))
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a rate: N or N/s, N >= 1") from None
 
 
 def requeue_table(reply: dict[str, Any]) -> str:
