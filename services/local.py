@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import uvloop
 
 from services.client.argtypes import positive_int
-from services.client.output import write_atomic
+from services.client.output import cannot_write, write_atomic
 from shared.errors import ValidationError
 from shared.procs import ManagedProcess, wait_for
 from shared.stack import Stack, StackError
@@ -199,10 +199,8 @@ def run_demo(data_dir: Path | None, *, s3: bool, out: Path, spp: int) -> int:
     except ValidationError as exc:
         print(f"tessera demo: {exc}", file=sys.stderr)
         return 2
-    folder = out.parent
-    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-        print(f"tessera demo: cannot write {out}: {folder} is not a writable directory",
-              file=sys.stderr)  # fmt: skip
+    if problem := cannot_write(out):
+        print(f"tessera demo: {problem}", file=sys.stderr)
         return 2
     with _stop_on_signals(), tempfile.TemporaryDirectory(prefix="tessera-demo-") as tmp:
         root = data_dir or Path(tmp)

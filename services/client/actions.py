@@ -156,10 +156,8 @@ async def get(session: Session, args: argparse.Namespace) -> int:
         raise CommandFailed(f"job {args.job} has no float image", EXIT_JOB_FAILED)
     targets = [Path(args.output or f"{args.job}.png"), *([Path(args.float)] if args.float else [])]
     for target in targets:  # before downloading anything: all the files or none
-        if not os.access(target.parent, os.W_OK | os.X_OK) or not target.parent.is_dir():
-            raise CommandFailed(
-                f"cannot write {target}: {target.parent} is not a writable directory", EXIT_USAGE
-            )
+        if problem := output.cannot_write(target):
+            raise CommandFailed(problem, EXIT_USAGE)
     store = await open_object_store(session.settings.object_store)
     try:
         png = await store.get(reply["result_location"], sha256=reply["result_sha256"])

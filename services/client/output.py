@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from shared.objectstore.directory import commit_temp, write_temp
 
 __all__ = [
+    "cannot_write",
     "dead_letters_table",
     "jobs_table",
     "percent",
@@ -84,6 +86,17 @@ def dead_letters_table(letters: list[dict[str, Any]]) -> str:
         for d in letters
     ]  # fmt: skip
     return _table(("SEQ", "JOB", "UNIT", "REASON", "DELIVERIES", "ERROR"), rows)
+
+
+def cannot_write(path: Path) -> str | None:
+    """Why ``path`` cannot be written (its directory is missing or not writable), or None.
+
+    Checked before slow work (a download, a render), so it is not lost at the last step.
+    """
+    folder = path.parent
+    if folder.is_dir() and os.access(folder, os.W_OK | os.X_OK):
+        return None
+    return f"cannot write {path}: {folder} is not a writable directory"
 
 
 def write_atomic(path: Path, data: bytes) -> None:
