@@ -6,7 +6,10 @@ is read first and left alone when it already matches, so a user allowed only ``I
 stream: ``add_stream`` (a no-op when the config is identical); if the server answers "already in
 use with a different configuration" (10058), ``update_stream``; then read it back and verify every
 field we set. Consumers use ``add_consumer``, which creates or updates, and are verified the same
-way. A concurrent creator can make one step fail transiently, so each object gets a few attempts.
+way. Descriptions are fields like any other: a topology declared before it had them is updated in
+place (messages and consumer positions kept), and an older service, whose configs set none, does
+not compare them and leaves them be. A concurrent creator can make one step fail transiently,
+so each object gets a few attempts.
 A config the server refuses to change (retention to/from work-queue, a consumer's deliver policy)
 raises :class:`~shared.errors.ConfigError` naming the object; an unreachable server raises
 :class:`~shared.errors.StoreUnavailable`.

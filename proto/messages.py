@@ -20,11 +20,28 @@ class                 fields
 ``DeadLetter``        job_id, unit, reason, error, source_stream, source_seq, deliveries,
                       subject, payload (the original message bytes)            (``DLQ``)
 ====================  ===========================================================================
+
+:meth:`Message.headers` names a message in readable NATS headers (``Tessera-Kind``,
+``Tessera-Job``, ...: see :mod:`proto.names`); :func:`shared.jetstream.publish` sends them with
+every message, so ``nats stream view`` shows what each one is without decoding it. Headers are
+derived from the body and never read back:
+
+====================  ===========================================================================
+class                 headers
+====================  ===========================================================================
+``JobMessage``        Kind ``job``, Job, Generation
+``TileMessage``       Kind ``tile``, Job, Tile, Generation
+``TileDone``          Kind ``tile-done``, Job, Tile, Attempt
+``JobEvent``          Kind (the event kind, e.g. ``job-completed``), Job, Generation
+``DeadLetter``        Kind ``dead-letter``, Job, Unit, Tile (``tile-<i>`` units), Reason, Source
+                      (``<stream>:<seq>``), Deliveries
+====================  ===========================================================================
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -32,6 +49,7 @@ from typing import Any, ClassVar, Self
 
 import msgpack
 
+from proto import names as n
 from proto.names import TOKEN_RE, EventKind
 from shared.errors import DecodeError
 
@@ -48,6 +66,10 @@ class Message:
     """Base of every internal message: ``encode()`` and a strict ``decode()``."""
 
     VERSION: ClassVar[int] = 1
+
+    def headers(self) -> dict[str, str]:
+        """Readable NATS headers naming this message (``Tessera-Kind``, ``Tessera-Job``, ...)."""
+        raise NotImplementedError
 
     def encode(self) -> bytes:
         """msgpack bytes of this message, ``v`` first."""
@@ -92,6 +114,15 @@ class Message:
             return cls(**values)
         except (ValueError, TypeError) as exc:
             raise DecodeError(f"{name}: {exc}") from exc
+
+
+_HEADER_UNSAFE = re.compile(r"[^\x21-\x7e]+")
+MAX_HEADER_VALUE = 128
+
+
+def header_value(value: str | int) -> str:
+    """``value`` as a header value: printable ASCII without spaces, CR or LF, 1..128 long."""
+    return _HEADER_UNSAFE.sub("_", str(value))[:MAX_HEADER_VALUE] or "-"
 
 
 _FIELD_TYPES: dict[type, dict[str, Any]] = {}
@@ -151,6 +182,14 @@ class JobMessage(Message):
     job_id: str
     generation: int = 0
 
+    def headers(self) -> dict[str, str]:
+        """Kind ``job``, job id and generation."""
+        return {
+            n.HDR_KIND: n.KIND_JOB,
+            n.HDR_JOB: header_value(self.job_id),
+            n.HDR_GENERATION: header_value(self.generation),
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class TileMessage(Message):
@@ -159,6 +198,15 @@ class TileMessage(Message):
     job_id: str
     tile_index: int
     generation: int = 0
+
+    def headers(self) -> dict[str, str]:
+        """Kind ``tile``, job id, tile index and generation."""
+        return {
+            n.HDR_KIND: n.KIND_TILE,
+            n.HDR_JOB: header_value(self.job_id),
+            n.HDR_TILE: header_value(self.tile_index),
+            n.HDR_GENERATION: header_value(self.generation),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +218,15 @@ class TileDone(Message):
     attempt_id: str
     result_key: str
     input_hash: str
+
+    def headers(self) -> dict[str, str]:
+        """Kind ``tile-done``, job id, tile index and the attempt that rendered it."""
+        return {
+            n.HDR_KIND: EventKind.TILE_DONE.value,
+            n.HDR_JOB: header_value(self.job_id),
+            n.HDR_TILE: header_value(self.tile_index),
+            n.HDR_ATTEMPT: header_value(self.attempt_id),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +242,14 @@ class JobEvent(Message):
     def __post_init__(self) -> None:
         if EventKind(self.kind) is EventKind.TILE_DONE:
             raise ValueError("kind tile-done is a TileDone message, not a JobEvent")
+
+    def headers(self) -> dict[str, str]:
+        """Kind (the event kind, e.g. ``job-completed``), job id and generation."""
+        return {
+            n.HDR_KIND: EventKind(self.kind).value,
+            n.HDR_JOB: header_value(self.job_id),
+            n.HDR_GENERATION: header_value(self.generation),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,3 +270,18 @@ class DeadLetter(Message):
     deliveries: int
     subject: str
     payload: bytes
+
+    def headers(self) -> dict[str, str]:
+        """Kind ``dead-letter``, job, unit (and tile), reason, source and deliveries."""
+        found = {
+            n.HDR_KIND: n.KIND_DEAD_LETTER,
+            n.HDR_JOB: header_value(self.job_id),
+            n.HDR_UNIT: header_value(self.unit),
+            n.HDR_REASON: header_value(self.reason),
+            n.HDR_SOURCE: header_value(f"{self.source_stream}:{self.source_seq}"),
+            n.HDR_DELIVERIES: header_value(self.deliveries),
+        }
+        tile = self.unit.removeprefix("tile-")
+        if tile != self.unit and tile.isdigit():
+            found[n.HDR_TILE] = tile
+        return found

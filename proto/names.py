@@ -21,6 +21,10 @@ consumer            ``workers``                     ``workers`` (scoped by its s
 Message ids (``Nats-Msg-Id``): ``job:<job>:<gen>``, ``tile:<job>:<i>:<gen>``, ``done:<job>:<i>``,
 ``event:<job>:<kind>:<gen>``, ``dlq:<source stream>:<source seq>``.
 KV keys: leases ``tile.<job>.<i>`` and ``final.<job>``; progress ``tile.<job>.<i>``.
+
+Readable headers (``Tessera-*``, see :data:`HDR_KIND` and below) ride on every internal message
+next to ``Nats-Msg-Id`` so ``nats stream view`` shows what a msgpack body is. They are for people:
+Tessera never reads them back, the body stays the only source of truth.
 """
 
 from __future__ import annotations
@@ -52,6 +56,29 @@ BUCKET_LEASES = "tessera-leases"
 BUCKET_PROGRESS = "tessera-progress"
 
 QUEUE_GROUP_GATEWAY = "tessera-gateway"
+
+HDR_KIND = "Tessera-Kind"
+"""Header: what the message is: ``job``, ``tile``, an :class:`EventKind` or ``dead-letter``."""
+HDR_JOB = "Tessera-Job"
+"""Header: the job id."""
+HDR_TILE = "Tessera-Tile"
+"""Header: the tile index (tile messages, tile-done events, dead letters of a tile)."""
+HDR_GENERATION = "Tessera-Generation"
+"""Header: the job or tile generation (JOBS, TILES, job events)."""
+HDR_ATTEMPT = "Tessera-Attempt"
+"""Header: the attempt whose result a tile-done event reports."""
+HDR_UNIT = "Tessera-Unit"
+"""Header of a dead letter: ``tile-<i>``, ``job`` or ``final``."""
+HDR_REASON = "Tessera-Reason"
+"""Header of a dead letter: its error code (``max_deliveries``, ``invalid``, ...)."""
+HDR_SOURCE = "Tessera-Source"
+"""Header of a dead letter: ``<stream>:<sequence>`` of the original message."""
+HDR_DELIVERIES = "Tessera-Deliveries"
+"""Header of a dead letter: how many times the original was delivered."""
+
+KIND_JOB = "job"
+KIND_TILE = "tile"
+KIND_DEAD_LETTER = "dead-letter"
 
 DLQ_UNIT_JOB = "job"
 DLQ_UNIT_FINAL = "final"

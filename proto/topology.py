@@ -20,6 +20,9 @@ KV buckets are declared as their backing streams (``KV_<bucket>``, exactly what 
 ``create_key_value`` would build, so ``js.key_value(bucket)`` opens them): ``tessera-leases``
 (history 1, per-message TTL allowed, no limit marker: see NATS-NOTES) and ``tessera-progress``.
 Reads stay on the stream leader (``allow_direct=False``) so compare-and-set sees its own writes.
+
+Every stream, consumer and bucket carries a ``description`` (:data:`DESCRIPTIONS`) saying what it
+holds and who reads it, shown by ``nats stream info``, ``nats consumer info`` and ``nats kv ls``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,34 @@ from shared.errors import ConfigError
 DAY = 86_400.0
 MAX_KV_VALUE = 64 * 1024
 """Largest lease or progress value, in bytes (values are small JSON documents)."""
+
+DESCRIPTIONS: dict[str, str] = {
+    n.STREAM_JOBS: "Tessera jobs to plan: one msgpack JobMessage per job generation "
+    "(headers Tessera-Kind/Job/Generation). Read by the scheduler (consumer scheduler-jobs).",
+    n.STREAM_TILES: "Tessera tiles to render: one msgpack TileMessage per tile and generation "
+    "(headers Tessera-Kind/Job/Tile/Generation). Read by the workers (consumer workers).",
+    n.STREAM_EVENTS: "Tessera facts, subject <job>.<kind>: msgpack TileDone (tile-done) and "
+    "JobEvent (job-completed, job-failed, ...), Tessera-Kind header = kind. tile-done is read by "
+    "the finalizer (consumer finalizer); job events by watchers (tessera watch).",
+    n.STREAM_DLQ: "Tessera dead letters: msgpack DeadLetter holding the original message and "
+    "why it failed (headers Tessera-Kind/Job/Unit/Reason/Source). Read by operators: tessera "
+    "dlq list/show/requeue/purge.",
+    n.STREAM_ADVISORIES: "JetStream MAX_DELIVERIES advisories (JSON) of JOBS, TILES and EVENTS. "
+    "Read by the scheduler (consumer scheduler-advisories), which dead-letters the message.",
+    n.BUCKET_LEASES: "Tessera leases: tile.<job>.<i> (workers) and final.<job> (finalizer), "
+    "JSON owner {node, attempt_id, acquired_at}, expiring by per-key TTL. Read by their owners, "
+    "the sweeper and tessera top; never write by hand.",
+    n.BUCKET_PROGRESS: "Tessera progress pointers: tile.<job>.<i> -> JSON {input_hash, "
+    "samples_done, checkpoint_key, attempt_id} of the tile's newest checkpoint. Written and read "
+    "by workers (resume after a crash); read by tessera gc.",
+    n.CONSUMER_SCHEDULER_JOBS: "Scheduler: plans each job into tiles and publishes them to TILES.",
+    n.CONSUMER_WORKERS: "Workers: render one tile per message, commit it, publish tile-done.",
+    n.CONSUMER_FINALIZER: "Finalizer: tile-done events; assembles a job's image once every "
+    "tile is done, then publishes job-completed.",
+    n.CONSUMER_SCHEDULER_ADVISORIES: "Scheduler: copies the message an exhausted-delivery "
+    "advisory names to DLQ and fails its tile and job.",
+}
+"""What each stream, bucket and consumer (by base name) holds and who reads it."""
 
 _ADVISED_STREAMS = (n.STREAM_JOBS, n.STREAM_TILES, n.STREAM_EVENTS)
 """Streams whose exhausted deliveries are captured in ADVISORIES."""
@@ -93,6 +124,7 @@ class Topology:
     ) -> api.StreamConfig:
         return api.StreamConfig(
             name=self.names.stream(base),
+            description=DESCRIPTIONS[base],
             subjects=subjects,
             retention=retention,
             storage=self.storage,
@@ -111,6 +143,7 @@ class Topology:
         bucket = self.names.bucket(base)
         return api.StreamConfig(
             name=f"KV_{bucket}",
+            description=DESCRIPTIONS[base],
             subjects=[f"$KV.{bucket}.>"],
             retention=api.RetentionPolicy.LIMITS,
             storage=self.storage,
@@ -147,6 +180,7 @@ class Topology:
         return api.ConsumerConfig(
             name=name,
             durable_name=name,
+            description=DESCRIPTIONS[name],
             deliver_policy=api.DeliverPolicy.ALL,
             ack_policy=api.AckPolicy.EXPLICIT,
             ack_wait=self.ack_wait,

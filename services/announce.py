@@ -16,7 +16,7 @@ async def announce(rt: Runtime, event: JobEvent) -> None:
     ack = await publish(
         rt.js,
         rt.names.event_subject(event.job_id, event.kind),
-        event.encode(),
+        event,
         msg_id=n.event_msg_id(event.job_id, event.kind, event.generation),
     )
     rt.metrics.published(ack)

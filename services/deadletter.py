@@ -68,7 +68,7 @@ async def dead_letter_raw(
     ack = await publish(
         rt.js,
         rt.names.dlq_subject(job, unit),
-        letter.encode(),
+        letter,
         msg_id=n.dlq_msg_id(stream, seq),
     )
     if rt.metrics.published(ack).duplicate:

@@ -34,6 +34,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, NoStreamResponseError, ServerError, ServiceUnavailableError
 
+from proto.messages import Message
 from shared.config import Settings
 from shared.errors import ConflictError, StoreUnavailable, TerminalError
 from shared.retry import RetryPolicy, backoff
@@ -139,7 +140,7 @@ async def retry_transient(
 async def publish(
     js: JetStreamContext,
     subject: str,
-    payload: bytes,
+    payload: bytes | Message,
     *,
     msg_id: str | None,
     headers: Mapping[str, str] | None = None,
@@ -149,6 +150,9 @@ async def publish(
 ) -> api.PubAck:
     """Publish to a stream, retrying transient failures with the same ``Nats-Msg-Id``.
 
+    ``payload`` is raw bytes or an internal :class:`~proto.messages.Message`, which is sent
+    encoded with its readable ``Tessera-*`` headers (:meth:`~proto.messages.Message.headers`)
+    merged over ``headers``; ``Nats-Msg-Id`` is set last, so nothing overrides it.
     ``msg_id`` is required by keyword so every caller decides about de-duplication (``None``
     only for writes that are fenced otherwise, such as KV compare-and-set). ``msg_ttl`` is the
     per-message TTL in whole seconds (the stream must allow it). Returns the ``PubAck``;
@@ -162,13 +166,18 @@ async def publish(
     ):
         raise ValueError(f"msg_ttl={msg_ttl!r}: per-message TTLs are whole seconds >= 1")
     base = dict(headers or {})
+    if isinstance(payload, Message):
+        base.update(payload.headers())
+        body = payload.encode()
+    else:
+        body = payload
     if msg_id is not None:
         base[api.Header.MSG_ID] = msg_id
 
     async def attempt(budget: float) -> api.PubAck:
         # js.publish adds the TTL header to the dict it is given: hand it a fresh copy.
         hdrs = dict(base) or None
-        return await js.publish(subject, payload, timeout=budget, headers=hdrs, msg_ttl=msg_ttl)
+        return await js.publish(subject, body, timeout=budget, headers=hdrs, msg_ttl=msg_ttl)
 
     try:
         ack = await retry_transient(

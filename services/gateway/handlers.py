@@ -103,13 +103,13 @@ class Handlers:
         message = JobMessage(job.job_id, generation=job.generation)
         subject = self.names.job_subject(job.job_id)
         msg_id = job_msg_id(job.job_id, job.generation)
-        self.metrics.published(await publish(self.js, subject, message.encode(), msg_id=msg_id))
+        self.metrics.published(await publish(self.js, subject, message, msg_id=msg_id))
 
     async def _publish_event(self, job: Job, kind: EventKind, detail: str) -> None:
         event = JobEvent(job.job_id, kind, generation=job.generation, detail=detail)
         subject = self.names.event_subject(job.job_id, kind)
         msg_id = event_msg_id(job.job_id, kind, job.generation)
-        self.metrics.published(await publish(self.js, subject, event.encode(), msg_id=msg_id))
+        self.metrics.published(await publish(self.js, subject, event, msg_id=msg_id))
 
     async def _job(self, job_id: str) -> Job:
         job = await self.db.get_job(job_id)

@@ -175,7 +175,7 @@ class Requeuer:
     async def _publish_job(self, job: Job) -> None:
         ack = await publish(
             self.rt.js, self.rt.names.job_subject(job.job_id),
-            JobMessage(job.job_id, generation=job.generation).encode(),
+            JobMessage(job.job_id, generation=job.generation),
             msg_id=n.job_msg_id(job.job_id, job.generation),
         )  # fmt: skip
         self.rt.metrics.published(ack)

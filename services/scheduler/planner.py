@@ -82,7 +82,7 @@ class Planner:
         await publish(
             self.rt.js,
             self.rt.names.event_subject(job_msg.job_id, n.EventKind.TILE_DONE),
-            done.encode(),
+            done,
             msg_id=f"{n.done_msg_id(job_msg.job_id, last.tile_index, last.lease_fence)}"
             f":gen{job_msg.generation}",
         )
@@ -98,12 +98,12 @@ async def publish_tiles(rt: Runtime, tiles: list[Tile], *, bump: bool = False) -
 
     async def one(tile: Tile) -> None:
         gen = tile.generation + 1 if bump else tile.generation
-        body = TileMessage(tile.job_id, tile.tile_index, gen).encode()
+        message = TileMessage(tile.job_id, tile.tile_index, gen)
         async with gate:
             ack = await publish(
                 rt.js,
                 names.tile_subject(tile.job_id, tile.tile_index),
-                body,
+                message,
                 msg_id=n.tile_msg_id(tile.job_id, tile.tile_index, gen),
             )
         rt.metrics.published(ack)

@@ -81,7 +81,7 @@ class Sweeper:
             await publish(
                 self.rt.js,
                 self.rt.names.job_subject(job.job_id),
-                JobMessage(job.job_id, job.generation).encode(),
+                JobMessage(job.job_id, job.generation),
                 msg_id=n.swept_job_msg_id(job.job_id, job.generation, int(time.time())),
             )
             self.log.warning("re-published a lost job", job_id=job.job_id)

@@ -290,7 +290,7 @@ class TileRun:
         ack = await publish(
             self.rt.js,
             self.rt.names.event_subject(job.job_id, n.EventKind.TILE_DONE),
-            done.encode(),
+            done,
             msg_id=n.done_msg_id(job.job_id, tile_index, fence),
         )
         self.rt.metrics.published(ack)

@@ -62,6 +62,19 @@ async def _scenario(procs, client, db, objects, nc, settings, tessera) -> None:
     assert await metric(scheduler_port, letters, unit="tile", reason="max_deliveries") == 1
     names = n.Names(settings.tuning.namespace)
     js = nc.jetstream()
+    letter = await js.get_last_msg(names.stream(n.STREAM_DLQ), names.dlq_subject(job_id, "tile-0"))
+    headers = letter.headers or {}  # what `nats stream view DLQ` shows of the scheduler's copy
+    source = headers.pop(n.HDR_SOURCE, "")
+    assert source.startswith(f"{names.stream(n.STREAM_TILES)}:"), source
+    assert headers == {
+        "Nats-Msg-Id": n.dlq_msg_id(names.stream(n.STREAM_TILES), int(source.split(":")[1])),
+        n.HDR_KIND: n.KIND_DEAD_LETTER,
+        n.HDR_JOB: job_id,
+        n.HDR_UNIT: "tile-0",
+        n.HDR_TILE: "0",
+        n.HDR_REASON: "max_deliveries",
+        n.HDR_DELIVERIES: "2",
+    }
     before = await _state(js, names, db, job_id)
     dry = await tessera("dlq", "requeue", "--job", job_id, "--dry-run")
     assert dry.status == 0, dry.err

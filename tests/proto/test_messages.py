@@ -17,6 +17,7 @@ from proto.messages import (
     Message,
     TileDone,
     TileMessage,
+    header_value,
 )
 from proto.names import EventKind
 from shared.errors import DecodeError
@@ -119,3 +120,65 @@ def test_job_event_kind_is_an_enum_and_not_tile_done() -> None:
         JobEvent.decode(packed({"v": 1, "job_id": "j", "kind": "tile-done"}))
     with pytest.raises(DecodeError, match="unknown event kind"):
         JobEvent.decode(packed({"v": 1, "job_id": "j", "kind": "exploded"}))
+
+
+JOB = "0196a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b"
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        (
+            JobMessage(JOB, 2),
+            {"Tessera-Kind": "job", "Tessera-Job": JOB, "Tessera-Generation": "2"},
+        ),
+        (
+            TileMessage(JOB, 7, 1),
+            {"Tessera-Kind": "tile", "Tessera-Job": JOB, "Tessera-Tile": "7",
+             "Tessera-Generation": "1"},
+        ),
+        (
+            TileDone(JOB, 11, "a1b2", "tiles/x.npy", "h"),
+            {"Tessera-Kind": "tile-done", "Tessera-Job": JOB, "Tessera-Tile": "11",
+             "Tessera-Attempt": "a1b2"},
+        ),
+        (
+            JobEvent(JOB, EventKind.JOB_COMPLETED, 3, "done", "renders/x.png"),
+            {"Tessera-Kind": "job-completed", "Tessera-Job": JOB, "Tessera-Generation": "3"},
+        ),
+        (
+            DeadLetter(JOB, "tile-4", "max_deliveries", "boom\nline 2", "TILES", 42, 5,
+                       "tessera.tiles.x.4", b"\x81"),
+            {"Tessera-Kind": "dead-letter", "Tessera-Job": JOB, "Tessera-Unit": "tile-4",
+             "Tessera-Tile": "4", "Tessera-Reason": "max_deliveries",
+             "Tessera-Source": "TILES:42", "Tessera-Deliveries": "5"},
+        ),
+        (
+            DeadLetter(JOB, "final", "invalid", "", "EVENTS", 9, 1, "s", b""),
+            {"Tessera-Kind": "dead-letter", "Tessera-Job": JOB, "Tessera-Unit": "final",
+             "Tessera-Reason": "invalid", "Tessera-Source": "EVENTS:9",
+             "Tessera-Deliveries": "1"},
+        ),
+    ],
+)  # fmt: skip
+def test_headers_name_each_kind(message: Message, expected: dict[str, str]) -> None:
+    assert message.headers() == expected
+
+
+@given(data=st.data())
+@pytest.mark.parametrize("schema", SCHEMAS)
+def test_headers_are_always_valid_header_values(schema: type[Message], data: Any) -> None:
+    """Whatever the body, header values are 1..128 printable ASCII characters (no CR/LF)."""
+    message = data.draw(MESSAGES[schema])
+    headers = message.headers()
+    assert headers["Tessera-Job"] == message.job_id
+    for key, value in headers.items():
+        assert key.startswith("Tessera-")
+        assert 1 <= len(value) <= 128
+        assert all("!" <= c <= "~" for c in value), value
+
+
+def test_header_value_replaces_what_a_header_cannot_carry() -> None:
+    assert header_value("a b\r\nc") == "a_b_c"
+    assert header_value("") == "-"
+    assert len(header_value("x" * 500)) == 128

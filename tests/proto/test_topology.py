@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import sys
 import time
@@ -62,6 +63,7 @@ async def assert_topology(js: JetStreamContext, topo: Topology) -> None:
         want = api.RetentionPolicy.WORK_QUEUE if stream.name in wq else api.RetentionPolicy.LIMITS
         assert cfg.retention == want
         assert not cfg.subject_delete_marker_ttl
+        assert cfg.description and cfg.description == stream.description
     for stream_name, consumer in topo.consumers():
         infos = await js._jsm.consumers_info(stream_name)
         assert [c.name for c in infos] == [consumer.name]
@@ -75,6 +77,7 @@ async def assert_topology(js: JetStreamContext, topo: Topology) -> None:
         assert not ccfg.inactive_threshold
         assert ccfg.deliver_subject is None
         assert ccfg.filter_subject == consumer.filter_subject
+        assert ccfg.description and ccfg.description == consumer.description
     leases = (await js.stream_info(f"KV_{topo.names.bucket(n.BUCKET_LEASES)}")).config
     assert leases.allow_msg_ttl is True
     assert leases.max_msgs_per_subject == 1
@@ -113,6 +116,51 @@ async def test_changed_duplicate_window_updates_streams(nc: Client) -> None:
     await ensure_topology(js, Topology(prefix=topo.prefix, duplicate_window=30.0))
     info = await js.stream_info(topo.names.stream(n.STREAM_TILES))
     assert info.config.duplicate_window == pytest.approx(30.0)
+
+
+class Undescribed(Topology):
+    """The topology as declared before streams, consumers and buckets had descriptions."""
+
+    def streams(self) -> list[api.StreamConfig]:
+        return [dataclasses.replace(s, description=None) for s in super().streams()]
+
+    def consumers(self) -> list[tuple[str, api.ConsumerConfig]]:
+        return [(s, dataclasses.replace(c, description=None)) for s, c in super().consumers()]
+
+
+async def descriptions(js: JetStreamContext, topo: Topology) -> list[str | None]:
+    found = [(await js.stream_info(s.name or "")).config.description for s in topo.streams()]
+    for stream, consumer in topo.consumers():
+        found.append((await js.consumer_info(stream, consumer.name or "")).config.description)
+    return found
+
+
+async def test_every_stream_consumer_and_bucket_is_described(nc: Client) -> None:
+    js, topo = nc.jetstream(), fresh()
+    await ensure_topology(js, topo)
+    found = await descriptions(js, topo)
+    assert len(found) == 11  # 5 streams, 2 buckets, 4 consumers
+    assert all(d and len(d) > 40 for d in found), found
+    kv = await js.key_value(topo.names.bucket(n.BUCKET_LEASES))  # what `nats kv ls` shows
+    assert "lease" in ((await kv.status()).stream_info.config.description or "")
+
+
+async def test_ensure_describes_an_existing_undescribed_topology(nc: Client) -> None:
+    """A deployment made before descriptions gets them at the next start-up, with its messages
+    and consumer positions intact; an older service starting afterwards does not remove them."""
+    js, topo = nc.jetstream(), fresh()
+    old = Undescribed(prefix=topo.prefix)
+    await ensure_topology(js, old)
+    assert await descriptions(js, old) == [None] * 11
+    tiles = topo.names.stream(n.STREAM_TILES)
+    await js.publish(topo.names.tile_subject("j1", 0), b"x")
+    await ensure_topology(js, topo)
+    await assert_topology(js, topo)
+    assert (await js.stream_info(tiles)).state.messages == 1
+    assert (await js.consumer_info(tiles, n.CONSUMER_WORKERS)).num_pending == 1
+    await ensure_topology(js, old)  # an old service in a rolling upgrade: leaves them be
+    assert await descriptions(js, old) == await descriptions(js, topo)
+    assert all(await descriptions(js, topo))
 
 
 async def test_unchangeable_retention_is_a_config_error(nc: Client) -> None:

@@ -15,6 +15,7 @@ from nats.js import JetStreamContext
 
 from proto import names as n
 from proto.ensure import ensure_topology
+from proto.messages import TileMessage
 from proto.topology import Topology
 from shared.errors import LeaseLost, StoreUnavailable
 from shared.jetstream import ack_sync_retry, connect_nats, publish
@@ -124,3 +125,26 @@ async def test_nats_restart_loses_the_lease_then_recovers(tmp_path: Path):
             await client.close()
         server.stop()
         await asyncio.sleep(0)
+
+
+async def test_a_message_is_published_with_its_headers_and_msg_id(
+    js: JetStreamContext, topology: Topology
+):
+    tile = TileMessage("job1", 3, 2)
+    msg_id = n.tile_msg_id("job1", 3, 2)
+    extra = {"X-Trace": "t1", n.HDR_KIND: "overridden"}
+    ack = await publish(
+        js, topology.names.tile_subject("job1", 3), tile, msg_id=msg_id, headers=extra
+    )
+    stored = await js.get_msg(topology.names.stream(n.STREAM_TILES), seq=ack.seq)
+    assert TileMessage.decode(stored.data or b"") == tile
+    assert stored.headers == {
+        "Nats-Msg-Id": msg_id,
+        "X-Trace": "t1",
+        "Tessera-Kind": "tile",
+        "Tessera-Job": "job1",
+        "Tessera-Tile": "3",
+        "Tessera-Generation": "2",
+    }
+    again = await publish(js, topology.names.tile_subject("job1", 3), tile, msg_id=msg_id)
+    assert again.duplicate  # the headers do not change what de-duplication sees
