@@ -23,6 +23,7 @@ unit: $(VENV)/.installed-dev
 bench: $(VENV)/.installed-dev
 	$(BIN)/python -m bench.kernel
 	$(BIN)/python -m bench.pipeline
+	$(BIN)/python -m bench.sweeper
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)

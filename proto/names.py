@@ -185,6 +185,11 @@ def lease_key_tile(job_id: str, tile_index: int) -> str:
     return f"tile.{check_token(job_id, 'job_id')}.{check_index(tile_index, 'tile_index')}"
 
 
+def lease_keys_of_job(job_id: str) -> str:
+    """Wildcard over the tile lease keys of one job: ``tile.<job>.*`` (the sweeper's scan)."""
+    return f"tile.{check_token(job_id, 'job_id')}.*"
+
+
 def lease_key_final(job_id: str) -> str:
     """Key of a job's finalization lease in the leases bucket: ``final.<job>``."""
     return f"final.{check_token(job_id, 'job_id')}"
@@ -262,6 +267,10 @@ class Names:
         """Subject of one tile's ``TILES`` message."""
         job = check_token(job_id, "job_id")
         return self._subject(f"tessera.tiles.{job}.{check_index(tile_index, 'tile_index')}")
+
+    def tile_subjects_of(self, job_id: str) -> str:
+        """Wildcard over one job's ``TILES`` subjects (the sweeper's scan)."""
+        return self._subject(f"tessera.tiles.{check_token(job_id, 'job_id')}.*")
 
     def event_subject(self, job_id: str, kind: EventKind) -> str:
         """Subject of one event of a job; watchers use ``tessera.events.<job>.>``."""

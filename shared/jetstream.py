@@ -32,7 +32,13 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
-from nats.js.errors import APIError, NoStreamResponseError, ServerError, ServiceUnavailableError
+from nats.js.errors import (
+    APIError,
+    NoStreamResponseError,
+    NotFoundError,
+    ServerError,
+    ServiceUnavailableError,
+)
 
 from proto.messages import Message
 from shared.config import Settings
@@ -48,6 +54,7 @@ __all__ = [
     "publish",
     "redact_url",
     "retry_transient",
+    "subjects_with_messages",
     "translate_api_error",
 ]
 
@@ -191,6 +198,36 @@ async def publish(
     if ack.duplicate:
         log.debug("publish to %s: duplicate of seq %s (msg id %s)", subject, ack.seq, msg_id)
     return ack
+
+
+SUBJECT_DETAILS_LIMIT = 100_000
+"""Most subjects one ``STREAM.INFO`` reply lists (the server's limit; more are paged)."""
+
+
+async def subjects_with_messages(
+    js: JetStreamContext, stream: str, subjects_filter: str, *, timeout_total: float = 15.0
+) -> dict[str, int] | None:
+    """``subject -> messages stored`` for the subjects of ``stream`` matching the filter.
+
+    One ``STREAM.INFO`` request, whatever the number of subjects (about 75 bytes of reply per
+    listed subject): the bulk form of "is there a message on this subject?". ``None`` when the
+    reply may be incomplete (the server lists at most :data:`SUBJECT_DETAILS_LIMIT` subjects):
+    ask per subject then. Retried like any read; raises :class:`StoreUnavailable` after
+    ``timeout_total``.
+    """
+
+    async def attempt(budget: float) -> api.StreamInfo:
+        return await asyncio.wait_for(js.stream_info(stream, subjects_filter), budget)
+
+    what = f"subjects of {stream} matching {subjects_filter}"
+    try:
+        info = await retry_transient(what, attempt, timeout_total=timeout_total)
+    except NotFoundError as exc:  # the stream itself: its declaration is gone
+        raise StoreUnavailable(f"{what}: stream {stream} does not exist") from exc
+    except APIError as exc:
+        raise translate_api_error(what, exc) from exc
+    subjects = dict(info.state.subjects or {})
+    return None if len(subjects) >= SUBJECT_DETAILS_LIMIT else subjects
 
 
 def translate_api_error(what: str, exc: APIError) -> TerminalError:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -32,7 +33,13 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
 
 from shared.errors import DecodeError, LeaseLost, StoreUnavailable, ValidationError
-from shared.jetstream import WrongLastSequence, publish, retry_transient, translate_api_error
+from shared.jetstream import (
+    WrongLastSequence,
+    publish,
+    retry_transient,
+    subjects_with_messages,
+    translate_api_error,
+)
 
 __all__ = [
     "Lease",
@@ -52,6 +59,8 @@ POINTER_MARKER_TTL = 60
 """Seconds a progress delete marker stays visible (``nats kv history``) before it vanishes."""
 _CREATE_ROUNDS = 4
 """Create attempts when the key keeps changing under us (expiry, delete markers)."""
+_READ_CONCURRENCY = 64
+"""Key reads in flight at once in :meth:`Leases.held`."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +85,16 @@ class _Bucket:
         if _KEY_RE.fullmatch(key) is None:
             raise ValidationError(f"KV key {key!r} is not dot-separated [-/_=a-zA-Z0-9] tokens")
         return f"$KV.{self.name}.{key}"
+
+    def filter_subject(self, pattern: str) -> str:
+        """The subject filter of a key wildcard (tokens may be ``*``, the last one ``>``)."""
+        tokens = pattern.split(".")
+        ok = all(t == "*" or _KEY_RE.fullmatch(t) for t in tokens[:-1]) and (
+            tokens[-1] in ("*", ">") or _KEY_RE.fullmatch(tokens[-1]) is not None
+        )
+        if not ok:
+            raise ValidationError(f"KV key pattern {pattern!r} is not a key wildcard")
+        return f"$KV.{self.name}.{pattern}"
 
     async def read(self, key: str, *, timeout_total: float | None = None) -> _Raw | None:
         """The key's last message from the stream leader, or ``None`` if it has none."""
@@ -271,6 +290,35 @@ class Leases:
         if current is None or current.deleted:
             return None
         return _decode_owner(key, current.value), current.revision
+
+    async def held(self, keys: Collection[str], *, scan: str) -> set[str]:
+        """Which of ``keys`` have a live lease, in a few requests rather than one per key.
+
+        ``scan`` is a key wildcard covering ``keys`` (``tile.<job>.*``). One listing of the
+        bucket's subjects under it names the keys that have a message at all; a key with none
+        is free without being read. A listed key is read (concurrently) to tell a live lease
+        from the delete marker a release leaves for a TTL. If the listing is incomplete, every
+        key is read.
+        """
+        wanted = set(keys)
+        listed = await subjects_with_messages(
+            self._kv.js,
+            self._kv.stream,
+            self._kv.filter_subject(scan),
+            timeout_total=self._kv.op_timeout,
+        )
+        if listed is not None:
+            wanted = {k for k in wanted if self._kv.subject(k) in listed}
+        gate = asyncio.Semaphore(_READ_CONCURRENCY)
+
+        async def live(key: str) -> bool:
+            async with gate:
+                current = await self._kv.read(key)
+            return current is not None and not current.deleted
+
+        ordered = sorted(wanted)
+        found = await asyncio.gather(*(live(k) for k in ordered))
+        return {k for k, is_live in zip(ordered, found, strict=True) if is_live}
 
 
 # ------------------------------------------------------------------------ progress pointers

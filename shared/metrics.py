@@ -140,6 +140,11 @@ class Metrics:
         self.republished = Counter(
             "tessera_sweeper_republished", "Lost tiles re-published by the sweeper", registry=r
         )
+        self.sweeper_skipped = Counter(
+            "tessera_sweeper_skipped",
+            "Stale tiles the sweeper checked and did not re-publish, by reason", ["reason"],
+            registry=r,
+        )  # fmt: skip
 
     def published(self, ack: api.PubAck) -> api.PubAck:
         """Count a JetStream PubAck the server marked duplicate; returns ``ack``."""

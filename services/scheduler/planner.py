@@ -88,16 +88,25 @@ class Planner:
         )
 
 
-async def publish_tiles(rt: Runtime, tiles: list[Tile], *, bump: bool = False) -> None:
-    """Publish the TILES messages of ``tiles`` (``bump``: under a new generation), concurrently.
+async def publish_tiles(rt: Runtime, tiles: list[Tile]) -> None:
+    """Publish the TILES messages of ``tiles``, each under its row's generation, concurrently.
 
-    The tile rows record the generation and publish time afterwards (the sweeper's clock).
+    ``published_at`` is stamped before the publishes and again after them: the first stamp
+    tells the sweeper these tiles are being published (its claim of a tile whose
+    ``published_at`` moved fails), the second starts the sweep age at the actual publish.
     """
     gate = asyncio.Semaphore(_PUBLISH_CONCURRENCY)
     names = rt.names
+    by_generation: dict[tuple[str, int], list[int]] = {}
+    for t in tiles:
+        by_generation.setdefault((t.job_id, t.generation), []).append(t.tile_index)
+
+    async def stamp() -> None:
+        for (job_id, gen), indexes in by_generation.items():
+            await rt.db.mark_published(job_id, indexes, gen)
 
     async def one(tile: Tile) -> None:
-        gen = tile.generation + 1 if bump else tile.generation
+        gen = tile.generation
         message = TileMessage(tile.job_id, tile.tile_index, gen)
         async with gate:
             ack = await publish(
@@ -108,10 +117,6 @@ async def publish_tiles(rt: Runtime, tiles: list[Tile], *, bump: bool = False) -
             )
         rt.metrics.published(ack)
 
+    await stamp()
     await asyncio.gather(*(one(t) for t in tiles))
-    by_generation: dict[tuple[str, int], list[int]] = {}
-    for t in tiles:
-        gen = t.generation + 1 if bump else t.generation
-        by_generation.setdefault((t.job_id, gen), []).append(t.tile_index)
-    for (job_id, gen), indexes in by_generation.items():
-        await rt.db.mark_published(job_id, indexes, gen)
+    await stamp()

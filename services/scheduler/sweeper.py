@@ -2,10 +2,20 @@
 
 The broker is not the source of truth (see docs/architecture.md): a stale owner's late ack can
 acknowledge a redelivered message, and acks can be lost in a leader election, so a tile can be
-not done while no message for it exists. Every ``sweep_interval`` the sweeper asks PostgreSQL for
-tiles of active jobs that are not done and were last published more than ``sweep_age`` ago, and
-re-publishes those with **no live lease and no message in the TILES stream**, under a new
-generation in their ``Nats-Msg-Id`` (the old id may still sit in the duplicate window).
+not done while no message for it exists. Every ``sweep_interval`` the sweeper takes a
+**snapshot**: up to :data:`SNAPSHOT_LIMIT` tiles of active jobs that are not done and were last
+published more than ``sweep_age`` ago (never-published ones once their row is that old: a fresh
+plan is still being published). For those it asks the broker, in bulk, which have a message in
+the TILES stream (one subject listing per job) and which a live lease (one listing of the job's
+lease keys, then a read of only the listed keys that have no message). The rest are **claimed**
+in one PostgreSQL statement that re-checks each tile against its snapshot row (still not done,
+job still live, row unchanged: no fence, progress, commit or publish since) and moves it to the
+next generation; only the claimed tiles are re-published, under the new generation in their
+``Nats-Msg-Id`` (the old id may still sit in the duplicate window).
+
+Everything the claim acts on was observed after the snapshot and within
+:attr:`Sweeper.max_snapshot_age` of it; a pass that took longer (a leader election stalling the
+reads) drops its observations and starts over from a fresh snapshot.
 """
 
 from __future__ import annotations
@@ -13,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
+from collections.abc import Iterable
 
 from nats.js.errors import NotFoundError as StreamMsgNotFound
 
@@ -20,14 +32,24 @@ from proto import names as n
 from proto.messages import JobMessage
 from services.scheduler.planner import publish_tiles
 from shared.errors import RetryableError
-from shared.jetstream import publish, retry_transient
+from shared.jetstream import publish, retry_transient, subjects_with_messages
 from shared.metadata import Tile
+from shared.pauses import pause_point
 from shared.runtime import Runtime
 
-__all__ = ["Sweeper"]
+__all__ = ["SNAPSHOT_LIMIT", "SNAPSHOT_MAX_AGE", "Sweeper"]
 
 READ_TIMEOUT = 15.0
 """Bound on one stream read: longer than a leader election (a few seconds, NATS-NOTES)."""
+SNAPSHOT_LIMIT = 1000
+"""Stale tiles one sweep pass looks at (oldest publish first)."""
+SNAPSHOT_MAX_AGE = 5.0
+"""Seconds from the snapshot to the claim past which a pass starts over (a normal pass over
+1,000 tiles takes a few tens of milliseconds; a slow one is riding out a leader election)."""
+SNAPSHOT_ROUNDS = 2
+"""Snapshots one sweep takes at most before leaving the rest to the next sweep."""
+_JOB_READS = 16
+"""Jobs whose subjects are listed at once."""
 
 
 class Sweeper:
@@ -37,6 +59,7 @@ class Sweeper:
         self.rt = rt
         self.log = rt.log.bind(component="sweeper")
         self.stream = rt.names.stream(n.STREAM_TILES)
+        self.max_snapshot_age = SNAPSHOT_MAX_AGE
 
     async def run(self, stop: asyncio.Event) -> None:
         """Sweep every ``sweep_interval`` until ``stop``."""
@@ -50,22 +73,95 @@ class Sweeper:
                 await asyncio.wait_for(stop.wait(), interval)
 
     async def sweep_once(self) -> list[Tile]:
-        """One pass; returns the tiles it re-published (lost jobs are re-published too)."""
+        """One sweep; returns the tiles it re-published, at their new generation (lost jobs
+        are re-published too)."""
         age = self.rt.settings.tuning.sweep_age
         await self._republish_lost_jobs(age)
-        stale = await self.rt.db.stale_tiles(older_than=age, limit=1000)
-        lost = [t for t in stale if not await self._accounted_for(t)]
-        if lost:
-            await publish_tiles(self.rt, lost, bump=True)
-            self.rt.metrics.republished.inc(len(lost))
-            for t in lost:
+        loop = asyncio.get_running_loop()
+        for _ in range(SNAPSHOT_ROUNDS):
+            taken = loop.time()
+            stale = await self.rt.db.stale_tiles(older_than=age, limit=SNAPSHOT_LIMIT)
+            if not stale:
+                return []
+            await pause_point("sweeper.after_snapshot")
+            unaccounted = await self._unaccounted(stale)
+            await pause_point("sweeper.before_claim")
+            elapsed = loop.time() - taken
+            if elapsed > self.max_snapshot_age:
+                self._skipped("expired", len(unaccounted))
                 self.log.warning(
-                    "re-published lost tile",
-                    job_id=t.job_id,
-                    tile=t.tile_index,
-                    generation=t.generation + 1,
+                    "sweep pass outlived its snapshot; starting over",
+                    seconds=round(elapsed, 3),
+                    stale=len(stale),
                 )
-        return lost
+                continue
+            return await self._republish(unaccounted, age)
+        return []
+
+    async def _republish(self, unaccounted: list[Tile], age: float) -> list[Tile]:
+        """Claim ``unaccounted`` (the atomic re-check) and publish what was claimed."""
+        claimed = await self.rt.db.claim_lost_tiles(unaccounted, older_than=age)
+        self._skipped("changed", len(unaccounted) - len(claimed))
+        if claimed:
+            await publish_tiles(self.rt, claimed)
+            self.rt.metrics.republished.inc(len(claimed))
+        for t in claimed:
+            self.log.warning(
+                "re-published lost tile",
+                job_id=t.job_id,
+                tile=t.tile_index,
+                generation=t.generation,
+            )
+        return claimed
+
+    async def _unaccounted(self, stale: list[Tile]) -> list[Tile]:
+        """The tiles of ``stale`` with no message in TILES and no live lease (asked per job)."""
+        by_job: dict[str, list[Tile]] = {}
+        for t in stale:
+            by_job.setdefault(t.job_id, []).append(t)
+        gate = asyncio.Semaphore(_JOB_READS)
+        reasons: Counter[str] = Counter()
+
+        async def of_job(job_id: str, tiles: list[Tile]) -> list[Tile]:
+            async with gate:
+                queued = await self._with_message(job_id, tiles)
+                reasons["message"] += len(queued)
+                rest = [t for t in tiles if t.tile_index not in queued]
+                if not rest:
+                    return []
+                keys = {n.lease_key_tile(job_id, t.tile_index): t for t in rest}
+                held = await self.rt.leases.held(keys, scan=n.lease_keys_of_job(job_id))
+                reasons["lease"] += len(held)
+                return [t for k, t in keys.items() if k not in held]
+
+        found = await asyncio.gather(*(of_job(j, ts) for j, ts in by_job.items()))
+        for reason, count in reasons.items():
+            self._skipped(reason, count)
+        return [t for tiles in found for t in tiles]
+
+    async def _with_message(self, job_id: str, tiles: Iterable[Tile]) -> set[int]:
+        """Indexes among ``tiles`` with a message in TILES (pending or in delivery)."""
+        names = self.rt.names
+        listed = await subjects_with_messages(
+            self.rt.js, self.stream, names.tile_subjects_of(job_id), timeout_total=READ_TIMEOUT
+        )
+        if listed is not None:
+            return {
+                t.tile_index for t in tiles if names.tile_subject(job_id, t.tile_index) in listed
+            }
+        # The listing was cut short (a huge backlog): ask per tile.
+        gate = asyncio.Semaphore(_JOB_READS)
+
+        async def queued(t: Tile) -> int | None:
+            async with gate:
+                found = await self._in_stream(self.stream, names.tile_subject(job_id, t.tile_index))
+            return t.tile_index if found else None
+
+        return {i for i in await asyncio.gather(*(queued(t) for t in tiles)) if i is not None}
+
+    def _skipped(self, reason: str, count: int) -> None:
+        if count > 0:
+            self.rt.metrics.sweeper_skipped.labels(reason=reason).inc(count)
 
     async def _republish_lost_jobs(self, age: float) -> None:
         """Re-publish the JOBS message of jobs that sat queued and unplanned for ``age`` s.
@@ -85,15 +181,6 @@ class Sweeper:
                 msg_id=n.swept_job_msg_id(job.job_id, job.generation, int(time.time())),
             )
             self.log.warning("re-published a lost job", job_id=job.job_id)
-
-    async def _accounted_for(self, tile: Tile) -> bool:
-        """True if someone holds the tile's lease or a message for it is in the stream."""
-        key = n.lease_key_tile(tile.job_id, tile.tile_index)
-        if await self.rt.leases.holder(key) is not None:
-            return True
-        return await self._in_stream(
-            self.stream, self.rt.names.tile_subject(tile.job_id, tile.tile_index)
-        )
 
     async def _in_stream(self, stream: str, subject: str) -> bool:
         """True if a message on ``subject`` is still in ``stream`` (pending or in delivery)."""

@@ -387,9 +387,20 @@ class MetadataStore(OpsStore):
 
     async def stale_tiles(self, *, older_than: float, limit: int = 100) -> list[Tile]:
         """For the sweeper: open tiles of live, not cancel-requested jobs whose message was
-        last published more than ``older_than`` seconds ago (or never), oldest first."""
+        last published more than ``older_than`` seconds ago, or that were never published and
+        have not moved for as long (a fresh plan is still being published), oldest first."""
         return await self._read(
             "stale_tiles", lambda c: tiles.stale(c, older_than=older_than, limit=limit)
+        )
+
+    async def claim_lost_tiles(self, seen: Sequence[Tile], *, older_than: float) -> list[Tile]:
+        """For the sweeper, right before it re-publishes: of the tiles ``seen`` (as
+        :meth:`stale_tiles` returned them), those still stale whose row has not changed since,
+        moved to the next generation with ``published_at = now()`` in the same statement; the
+        claimed rows (new generation). A tile done, fenced, progressed or published meanwhile,
+        or of a job settled or cancel-requested meanwhile, is left alone."""
+        return await self._tx(
+            "claim_lost_tiles", lambda c: tiles.claim_lost(c, seen, older_than=older_than)
         )
 
     async def stale_queued_jobs(self, *, older_than: float, limit: int = 100) -> list[Job]:

@@ -263,14 +263,24 @@ async def inline_results(conn: Conn, job_id: str) -> dict[int, tuple[str, bytes]
     return {row["tile_index"]: (row["sha256"], bytes(row["data"])) for row in rows}
 
 
+# A tile is stale once its message was published ``older_than`` s ago; one never published
+# (``published_at`` NULL) once its row has not moved for that long: the planner writes the rows,
+# then publishes, then stamps ``published_at``, so a fresh NULL is a plan still being published.
+_STALE = """
+    j.state <> ALL($1::text[]) AND NOT j.cancel_requested
+    AND t.state <> ALL($2::text[])
+    AND (t.published_at < now() - make_interval(secs => $3)
+         OR (t.published_at IS NULL AND t.updated_at < now() - make_interval(secs => $3)))
+"""
+
+
 async def stale(conn: Conn, *, older_than: float, limit: int) -> list[Tile]:
-    """Open tiles of live jobs whose message was last published ``older_than`` s ago (or never)."""
+    """Open tiles of live jobs whose message was last published ``older_than`` s ago, or that
+    were never published and have not moved for as long; oldest publish first."""
     rows = await conn.fetch(
-        """
+        f"""
         SELECT t.* FROM tiles t JOIN jobs j ON j.job_id = t.job_id
-        WHERE j.state <> ALL($1::text[]) AND NOT j.cancel_requested
-          AND t.state <> ALL($2::text[])
-          AND (t.published_at IS NULL OR t.published_at < now() - make_interval(secs => $3))
+        WHERE {_STALE}
         ORDER BY t.published_at NULLS FIRST, t.job_id, t.tile_index
         LIMIT $4
         """,
@@ -280,3 +290,43 @@ async def stale(conn: Conn, *, older_than: float, limit: int) -> list[Tile]:
         limit,
     )
     return [Tile.from_record(row) for row in rows]
+
+
+async def claim_lost(conn: Conn, seen: Sequence[Tile], *, older_than: float) -> list[Tile]:
+    """The sweeper's re-check and generation bump, one statement: the claimed tiles.
+
+    A tile of ``seen`` (as the sweeper read it) is claimed only if it is still stale by
+    :func:`stale`'s rule (open tile, live job) and its row has not changed since it was read
+    (same ``updated_at``, ``lease_fence``, ``generation`` and ``published_at``: no fence,
+    progress, commit or publish in between). A claimed tile gets ``generation + 1`` and
+    ``published_at = now()``. A concurrent commit holds the row lock; the statement then
+    re-checks the committed row and skips it, so "still not done" and the bump are atomic.
+    """
+    if not seen:
+        return []
+    rows = await conn.fetch(
+        f"""
+        UPDATE tiles t SET generation = t.generation + 1, published_at = now()
+        FROM jobs j,
+             unnest($4::text[], $5::integer[], $6::timestamptz[], $7::bigint[], $8::integer[],
+                    $9::timestamptz[])
+               AS s(job_id, tile_index, updated_at, lease_fence, generation, published_at)
+        WHERE t.job_id = s.job_id AND t.tile_index = s.tile_index AND j.job_id = t.job_id
+          AND t.updated_at = s.updated_at AND t.lease_fence = s.lease_fence
+          AND t.generation = s.generation
+          AND t.published_at IS NOT DISTINCT FROM s.published_at
+          AND {_STALE}
+        RETURNING t.*
+        """,
+        _TERMINAL_JOBS,
+        _TERMINAL_TILES,
+        older_than,
+        [t.job_id for t in seen],
+        [t.tile_index for t in seen],
+        [t.updated_at for t in seen],
+        [t.lease_fence for t in seen],
+        [t.generation for t in seen],
+        [t.published_at for t in seen],
+    )
+    claimed = [Tile.from_record(row) for row in rows]
+    return sorted(claimed, key=lambda t: (t.job_id, t.tile_index))

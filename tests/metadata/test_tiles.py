@@ -326,9 +326,53 @@ async def test_stale_tiles_selects_open_tiles_of_live_jobs(
     assert tile is not None and tile.generation == 1
 
 
-async def test_never_published_tiles_are_stale(store: MetadataStore, new_job: Factory) -> None:
-    await _planned(store, new_job)
-    assert [t.tile_index for t in await store.stale_tiles(older_than=3600)] == [0, 1, 2, 3]
+async def test_never_published_tiles_are_stale_once_their_plan_is_old(
+    store: MetadataStore, new_job: Factory, database_url: str
+) -> None:
+    job_id = await _planned(store, new_job)
+    # Just planned: the planner is still publishing them (issue 14: 24 % of a 4,096-tile job
+    # was re-published while its planner was at it).
+    assert await store.stale_tiles(older_than=60) == []
+    conn = await asyncpg.connect(database_url)
+    try:  # the planner died after writing the rows, two minutes ago
+        await conn.execute(
+            "UPDATE tiles SET updated_at = now() - interval '2 minutes' WHERE job_id = $1", job_id
+        )
+    finally:
+        await conn.close()
+    assert [t.tile_index for t in await store.stale_tiles(older_than=60)] == [0, 1, 2, 3]
+    assert await store.stale_tiles(older_than=3600) == []
+
+
+async def test_claim_lost_tiles_rechecks_and_bumps_in_one_step(
+    store: MetadataStore, new_job: Factory, database_url: str
+) -> None:
+    job_id = await _planned(store, new_job)
+    await store.mark_published(job_id, [0, 1, 2, 3], generation=0)
+    conn = await asyncpg.connect(database_url)
+    try:
+        await conn.execute(
+            "UPDATE tiles SET published_at = now() - interval '2 minutes' WHERE job_id = $1",
+            job_id,
+        )
+    finally:
+        await conn.close()
+    seen = await store.stale_tiles(older_than=60)
+    assert [t.tile_index for t in seen] == [0, 1, 2, 3]
+    # Between the read and the claim: tile 0 is committed, tile 1 fenced by a new owner,
+    # tile 2 published again by the planner; tile 3 is untouched.
+    assert await store.fence_tile(job_id, 0, token=1, attempt_id="a", node="w")
+    assert await _commit(store, job_id, 0, 1, "a") == CommitOutcome.COMMITTED
+    assert await store.fence_tile(job_id, 1, token=2, attempt_id="b", node="w")
+    await store.mark_published(job_id, [2], generation=0)
+    claimed = await store.claim_lost_tiles(seen, older_than=60)
+    assert [(t.tile_index, t.generation) for t in claimed] == [(3, 1)]
+    tile = await store.get_tile(job_id, 3)
+    assert tile is not None and tile.generation == 1 and tile.published_at is not None
+    assert await store.claim_lost_tiles(seen, older_than=60) == []  # claimed once only
+    # tile 1 is stale again on the next sweep (for its broker checks: the new owner's lease)
+    assert [t.tile_index for t in await store.stale_tiles(older_than=60)] == [1]
+    assert [t.generation for t in await store.list_tiles(job_id)] == [0, 0, 0, 1]
 
 
 async def test_many_workers_on_one_job_keep_every_row_consistent(

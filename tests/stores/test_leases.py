@@ -136,6 +136,27 @@ async def test_released_key_leaves_no_marker_behind(js: JetStreamContext, lease_
     await wait_for_async(empty, timeout=5, what="delete marker expiry")
 
 
+async def test_held_names_the_live_leases_among_many_keys(js: JetStreamContext, lease_bucket: str):
+    leases, short = Leases(js, lease_bucket, ttl=30), Leases(js, lease_bucket, ttl=1)
+    live = await leases.acquire("tile.job5.1", owner())
+    released = await leases.acquire("tile.job5.2", owner())
+    expiring = await short.acquire("tile.job5.3", owner())
+    other_job = await leases.acquire("tile.job6.1", owner())
+    assert live and released and expiring and other_job
+    assert await leases.release(released)  # a delete marker stays for a TTL
+    keys = [f"tile.job5.{i}" for i in range(200)]
+    assert await leases.held(keys, scan="tile.job5.*") == {"tile.job5.1", "tile.job5.3"}
+
+    async def expired() -> bool:
+        return await leases.holder("tile.job5.3") is None
+
+    await wait_for_async(expired, timeout=5, what="lease expiry")
+    assert await leases.held(keys, scan="tile.job5.*") == {"tile.job5.1"}
+    assert await leases.held(["tile.job6.1", "tile.job6.2"], scan="tile.job6.*") == {"tile.job6.1"}
+    with pytest.raises(ValidationError):
+        await leases.held(keys, scan="tile.job5.>.x")
+
+
 async def test_twenty_concurrent_pointer_takeovers_have_one_winner(
     js: JetStreamContext, progress_bucket: str
 ):

@@ -1,0 +1,224 @@
+"""The sweeper against real servers: it re-publishes lost tiles and only those.
+
+The sweeper runs in-process on a scheduler Runtime, the planner publishes real TILES messages,
+and a miniature worker (lease, fence, fenced commit, release, ack: the worker's own store and
+lease calls) renders tiles at a pause point (:mod:`shared.pauses`) inside the sweep, which is
+where the issue-14 race happened: tiles read as stale, then rendered, committed and acked
+before the sweeper got to them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import asyncpg
+import pytest
+from nats.aio.msg import Msg
+from nats.js.errors import NotFoundError as StreamMsgNotFound
+
+from proto import names as n
+from proto.messages import JobMessage, TileMessage
+from services.scheduler.planner import Planner
+from services.scheduler.sweeper import Sweeper
+from shared import pauses
+from shared.jetstream import ack_sync_retry
+from shared.leases import LeaseOwner
+from shared.lifecycle import TileState
+from shared.metadata import CommitOutcome, Tile
+from shared.runtime import Runtime
+from tests.metadata.conftest import make_new_job
+
+TILES = 48
+"""A 64x48 job with 8-pixel tiles."""
+
+
+async def _job(rt: Runtime, *, publish: bool = True) -> str:
+    """A submitted job with its 48 tiles planned (and, with ``publish``, their messages)."""
+    job_id = (await rt.db.submit_job(make_new_job(tile_size=8, spp=1))).job.job_id
+    if publish:
+        await Planner(rt).plan(JobMessage(job_id, 0))
+    else:  # rows written, TILES not yet published: the planner is still at it
+        rects = [(x, y, x + 8, y + 8) for y in range(0, 48, 8) for x in range(0, 64, 8)]
+        await rt.db.plan_tiles(job_id, rects, node="planner")
+    return job_id
+
+
+async def _age(rt: Runtime, job_id: str) -> None:
+    """Move the tiles' publish and update times two minutes back (instead of sleeping)."""
+    conn = await asyncpg.connect(rt.settings.database_url)
+    try:
+        await conn.execute(
+            "UPDATE tiles SET published_at = published_at - interval '2 minutes', "
+            "updated_at = updated_at - interval '2 minutes' WHERE job_id = $1",
+            job_id,
+        )
+    finally:
+        await conn.close()
+
+
+async def _take_messages(rt: Runtime, count: int) -> dict[int, Msg]:
+    """Fetch ``count`` TILES messages from the workers' consumer, by tile index."""
+    sub = await rt.js.pull_subscribe_bind(
+        durable=n.CONSUMER_WORKERS, stream=rt.names.stream(n.STREAM_TILES)
+    )
+    got: dict[int, Msg] = {}
+    for _ in range(20):  # bounded: a fetch returns what is there, not always a full batch
+        if len(got) >= count:
+            break
+        for msg in await sub.fetch(batch=count - len(got), timeout=5):
+            got[TileMessage.decode(msg.data).tile_index] = msg
+    assert len(got) == count, f"fetched {len(got)} of {count} tile messages"
+    return got
+
+
+async def _render(rt: Runtime, job_id: str, index: int, msg: Msg | None = None) -> None:
+    """What a worker does with a tile: lease, fence, commit (inline result), release, ack."""
+    owner = LeaseOwner("test-worker", f"attempt-{job_id}-{index}")
+    lease = await rt.leases.acquire(n.lease_key_tile(job_id, index), owner)
+    assert lease is not None
+    assert await rt.db.fence_tile(
+        job_id, index, token=lease.token, attempt_id=owner.attempt_id, node=owner.node
+    )
+    data = f"result {index}".encode()
+    outcome = await rt.db.commit_tile(
+        job_id,
+        index,
+        token=lease.token,
+        attempt_id=owner.attempt_id,
+        result_key=None,
+        result_sha256=hashlib.sha256(data).hexdigest(),
+        samples_done=1,
+        node=owner.node,
+        result_data=data,
+    )
+    assert outcome is CommitOutcome.COMMITTED
+    assert await rt.leases.release(lease)
+    if msg is not None:
+        await ack_sync_retry(msg)
+
+
+async def _delete_messages(rt: Runtime, job_id: str, indexes: list[int]) -> None:
+    """Lose the tiles' messages (as a stale owner's late ack would)."""
+    stream = rt.names.stream(n.STREAM_TILES)
+    for i in indexes:
+        msg = await rt.js.get_last_msg(stream, rt.names.tile_subject(job_id, i))
+        assert msg.seq is not None
+        await rt.js.delete_msg(stream, msg.seq)
+
+
+async def _generation_in_stream(rt: Runtime, job_id: str, index: int) -> int | None:
+    """The generation of the tile's message in TILES, or ``None`` if it has none."""
+    stream = rt.names.stream(n.STREAM_TILES)
+    try:
+        msg = await rt.js.get_last_msg(stream, rt.names.tile_subject(job_id, index))
+    except StreamMsgNotFound:
+        return None
+    return TileMessage.decode(msg.data or b"").generation
+
+
+def _republished(rt: Runtime) -> float:
+    return rt.metrics.registry.get_sample_value("tessera_sweeper_republished_total") or 0.0
+
+
+def _skipped(rt: Runtime, reason: str) -> float:
+    sample = "tessera_sweeper_skipped_total"
+    return rt.metrics.registry.get_sample_value(sample, {"reason": reason}) or 0.0
+
+
+async def _tiles(rt: Runtime, job_id: str) -> list[Tile]:
+    return await rt.db.list_tiles(job_id)
+
+
+async def test_tiles_the_planner_is_still_publishing_are_not_lost(runtime: Runtime) -> None:
+    """Rows written, messages not yet published (``published_at`` NULL): not stale yet."""
+    job_id = await _job(runtime, publish=False)
+    sweeper = Sweeper(runtime)
+    assert await sweeper.sweep_once() == []
+    assert _republished(runtime) == 0
+    assert all(t.generation == 0 for t in await _tiles(runtime, job_id))
+    assert (await runtime.js.stream_info(sweeper.stream)).state.messages == 0
+    # The planner died before publishing (and was not replaced) for longer than the sweep age:
+    # now they are lost, and re-published.
+    await _age(runtime, job_id)
+    swept = await sweeper.sweep_once()
+    assert sorted(t.tile_index for t in swept) == list(range(TILES))
+    assert _republished(runtime) == TILES
+    assert {await _generation_in_stream(runtime, job_id, i) for i in range(TILES)} == {1}
+
+
+@pytest.mark.parametrize("point", ["sweeper.after_snapshot", "sweeper.before_claim"])
+async def test_tiles_done_during_the_sweep_are_not_republished(
+    runtime: Runtime, point: str
+) -> None:
+    """The issue-14 race: the snapshot says stale, the tile is done by the re-publish."""
+    job_id = await _job(runtime)
+    await _age(runtime, job_id)
+    if point == "sweeper.after_snapshot":
+        # Rendered, committed and acked after the snapshot, before the broker checks: the
+        # checks find no lease and no message, as in the 4,096-tile run.
+        msgs = await _take_messages(runtime, TILES)
+    else:
+        # No message and no lease when the broker checks run (the messages were lost), and
+        # a worker finishes the tiles after the checks, right before the re-publish.
+        await _delete_messages(runtime, job_id, list(range(TILES)))
+        msgs = {}
+
+    async def workers_finish() -> None:
+        for i in range(TILES):
+            await _render(runtime, job_id, i, msgs.get(i))
+
+    sweeper = Sweeper(runtime)
+    with pauses.installed(point, workers_finish):
+        swept = await sweeper.sweep_once()
+    assert [(t.job_id, t.tile_index) for t in swept] == []
+    assert _republished(runtime) == 0
+    tiles = await _tiles(runtime, job_id)
+    assert all(t.state is TileState.DONE and t.generation == 0 for t in tiles)
+    assert (await runtime.js.stream_info(sweeper.stream)).state.messages == 0
+    assert _skipped(runtime, "changed") == TILES
+
+
+async def test_only_lost_tiles_are_republished(runtime: Runtime) -> None:
+    """Stale tiles with a message or a live lease stay; the rest go out as generation 1."""
+    job_id = await _job(runtime)
+    await _delete_messages(runtime, job_id, [3, 5, 7, 9])
+    # tile 5 is being rendered (live lease, no message: a stale owner acked it); tile 7 was
+    # handed back, its lease released (a delete marker is left in the bucket for a TTL).
+    owner = LeaseOwner("test-worker", "attempt-5")
+    assert await runtime.leases.acquire(n.lease_key_tile(job_id, 5), owner) is not None
+    released = await runtime.leases.acquire(
+        n.lease_key_tile(job_id, 7), LeaseOwner("test-worker", "attempt-7")
+    )
+    assert released is not None and await runtime.leases.release(released)
+    await _age(runtime, job_id)
+    sweeper = Sweeper(runtime)
+    swept = await sweeper.sweep_once()
+    assert sorted(t.tile_index for t in swept) == [3, 7, 9]
+    assert all(t.generation == 1 for t in swept)
+    assert _republished(runtime) == 3
+    assert _skipped(runtime, "message") == TILES - 4
+    assert _skipped(runtime, "lease") == 1
+    by_index = {t.tile_index: t for t in await _tiles(runtime, job_id)}
+    for i in (3, 7, 9):
+        assert by_index[i].generation == 1
+        assert await _generation_in_stream(runtime, job_id, i) == 1
+    assert by_index[5].generation == 0 and await _generation_in_stream(runtime, job_id, 5) is None
+    # The re-published tiles were published just now: the next pass leaves them alone.
+    assert await sweeper.sweep_once() == []
+    assert _republished(runtime) == 3
+
+
+async def test_a_sweep_pass_that_outlives_its_snapshot_starts_over(runtime: Runtime) -> None:
+    """Broker checks older than the bound are not acted on; a later pass re-publishes."""
+    job_id = await _job(runtime)
+    await _delete_messages(runtime, job_id, [0, 1])
+    await _age(runtime, job_id)
+    sweeper = Sweeper(runtime)
+    sweeper.max_snapshot_age = 0.0  # every pass is "too old" by the time it could claim
+    assert await sweeper.sweep_once() == []
+    assert _republished(runtime) == 0
+    assert _skipped(runtime, "expired") > 0
+    assert all(t.generation == 0 for t in await _tiles(runtime, job_id))
+    sweeper.max_snapshot_age = 60.0
+    assert sorted(t.tile_index for t in await sweeper.sweep_once()) == [0, 1]
+    assert _republished(runtime) == 2
