@@ -130,6 +130,8 @@ class Up:
         """Wait (bounded) until ``name`` runs again: a new PID, ``restarts`` restarts."""
 
         def again() -> dict[str, Any]:
+            if self.popen.poll() is not None:
+                raise AssertionError(f"tessera up exited instead:\n{self.stderr()}")
             child = self.children().get(name, {})
             new = child.get("pid")
             ok = new not in (None, old_pid) and child["restarts"] == restarts and pid_alive(new)
