@@ -18,6 +18,7 @@ from typing import IO, Any
 import psutil
 import pytest
 
+from services.cli import main as cli_main
 from services.local import run_demo
 from tests.helpers import eventually_sync, pid_alive
 
@@ -251,3 +252,22 @@ def test_a_child_that_keeps_failing_stops_up_with_its_reason(server_dir: Path) -
         assert f"{gave_up[1]} 2" in err.rsplit("restarts: ", 1)[1]
         assert not up.pid_file.exists()
     assert len(up.seen) >= 6 + 2
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (["--max-restarts", "-1"], "must be at least 0"),
+        (["--max-restarts", "many"], "is not a whole number"),
+        (["--restart-window", "0"], "must be a finite number > 0"),
+    ],
+)
+def test_up_refuses_bad_restart_limits_before_starting_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], why: str
+) -> None:
+    data = tmp_path / "data"
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["up", "--data-dir", str(data), *args])
+    assert exited.value.code == 2
+    assert why in capsys.readouterr().err
+    assert not data.exists(), "no server was started"
