@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING
 
 import uvloop
 
-from services.client.argtypes import positive_int
+from services.client.argtypes import non_negative_int, positive_float, positive_int
 from services.client.output import cannot_write, write_atomic
 from shared.errors import ValidationError
 from shared.procs import ManagedProcess, wait_for
 from shared.stack import Stack, StackError
+from shared.supervisor import Child, RestartLimits, Supervisor
 
 if TYPE_CHECKING:
     from proto.api import SubmitRequest
@@ -142,22 +143,27 @@ def export_lines(env: Mapping[str, str]) -> str:
     return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
 
 
-def _watch_children(stop: threading.Event, stack: Stack, procs: ServiceProcesses) -> int:
-    """Block until ``stop``; 1 if a server or service died meanwhile (0 otherwise)."""
-    while not stop.wait(0.5):
-        dead = [s.proc.name for s in stack.servers() if not s.proc.alive()]
-        dead += [p.name for p in procs.procs.values() if not p.alive()]
-        if dead:
-            print(f"tessera up: {', '.join(dead)} exited; stopping", file=sys.stderr)
-            return 1
-    return 0
+def _supervisor(stack: Stack, procs: ServiceProcesses, limits: RestartLimits) -> Supervisor:
+    """Every server and service of ``up``; a server's restart waits until it is ready again."""
+    children = [Child(server.proc, server.start) for server in stack.servers()]
+    children += [Child(proc, proc.start) for proc in procs.procs.values()]
+    return Supervisor(children, limits, pid_file=stack.data_dir / "pids.json")
 
 
-def run_up(data_dir: Path, *, s3: bool, workers: int, services: bool, auth: bool = False) -> int:
-    """Run the stack (and the four services) until SIGINT/SIGTERM.
+def run_up(
+    data_dir: Path,
+    *,
+    s3: bool,
+    workers: int,
+    services: bool,
+    auth: bool = False,
+    limits: RestartLimits | None = None,
+) -> int:
+    """Run the stack (and the four services) until SIGINT/SIGTERM, restarting what dies.
 
     ``auth``: NATS with one least-privilege user per service and one for clients; the printed
-    ``TESSERA_NATS_URL`` is the client user's.
+    ``TESSERA_NATS_URL`` is the client user's. ``limits``: see :class:`RestartLimits`; a child
+    that fails more often than they allow stops everything (exit 1).
     """
     namespace = os.environ.get("TESSERA_NAMESPACE", "").strip()
     stack = Stack(data_dir, s3=s3, auth=auth, namespace=namespace)
@@ -173,15 +179,20 @@ def run_up(data_dir: Path, *, s3: bool, workers: int, services: bool, auth: bool
             procs.stop_all()
             stack.stop()
             return 1
+        supervisor = _supervisor(stack, procs, limits or RestartLimits())
         try:
             print(export_lines(stack.env()), flush=True)
             what = "stack and services" if services else "stack"
-            print(f"# {what} running; data and logs in {stack.data_dir}; Ctrl-C stops everything",
-                  file=sys.stderr)  # fmt: skip
-            return _watch_children(stop, stack, procs)
+            pids = ", ".join(f"{name} PID {pid}" for name, pid in supervisor.pids().items())
+            print(f"# {what} running ({pids}; also in {supervisor.pid_file}); data and logs in "
+                  f"{stack.data_dir}; Ctrl-C stops everything", file=sys.stderr)  # fmt: skip
+            return supervisor.run(stop)
         finally:
             procs.stop_all()
             stack.stop()
+            supervisor.remove_pid_file()
+            print(f"tessera up: stopped everything; restarts: {supervisor.summary()}",
+                  file=sys.stderr)  # fmt: skip
 
 
 def run_demo(data_dir: Path | None, *, s3: bool, out: Path, spp: int) -> int:
@@ -265,8 +276,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     up = sub.add_parser(
         "up",
         help="run the embedded stack and the four services in the foreground",
-        epilog="exit status: 0 stopped by Ctrl-C or SIGTERM; 1 a server or service failed "
-        "to start or died; 2 usage error",
+        epilog="a server or service that exits is restarted with exponential backoff; exit "
+        "status: 0 stopped by Ctrl-C or SIGTERM; 1 a server or service failed to start, or "
+        "failed more than --max-restarts times within --restart-window; 2 usage error",
     )
     up.add_argument(
         "--data-dir",
@@ -284,11 +296,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="NATS with one least-privilege user per service and one for clients (docs/scaling.md)",
     )
-    up.set_defaults(
-        func=lambda a: run_up(
-            a.data_dir, s3=a.s3, workers=a.workers, services=not a.stack_only, auth=a.auth
-        )
+    defaults = RestartLimits()
+    up.add_argument(
+        "--max-restarts",
+        type=non_negative_int,
+        default=defaults.max_restarts,
+        help="restarts of one server or service allowed within --restart-window before up "
+        f"gives up and stops everything (0: never restart; default: {defaults.max_restarts})",
     )
+    up.add_argument(
+        "--restart-window",
+        type=positive_float,
+        default=defaults.window,
+        metavar="SECONDS",
+        help=f"seconds over which --max-restarts counts failures (default: {defaults.window:g})",
+    )
+    up.set_defaults(func=_run_up)
 
     demo = sub.add_parser(
         "demo",
@@ -303,3 +326,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     demo.add_argument("--spp", type=int, default=64, help="samples per pixel (default: 64)")
     demo.set_defaults(func=lambda a: run_demo(a.data_dir, s3=a.s3, out=a.out, spp=a.spp))
+
+
+def _run_up(a: argparse.Namespace) -> int:
+    limits = RestartLimits(max_restarts=a.max_restarts, window=a.restart_window)
+    services = not a.stack_only
+    return run_up(
+        a.data_dir, s3=a.s3, workers=a.workers, services=services, auth=a.auth, limits=limits
+    )

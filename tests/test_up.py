@@ -1,17 +1,30 @@
-"""``tessera up``: prints usable endpoints, runs the services, and Ctrl-C leaves nothing behind."""
+"""``tessera up``: prints usable endpoints, runs the services, restarts what dies (within a
+bound), and Ctrl-C leaves nothing behind. Every test runs ``tessera up`` as a real process."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import IO, Any
 
 import psutil
 import pytest
 
+from services.cli import main as cli_main
 from services.local import run_demo
 from tests.helpers import eventually_sync, pid_alive
+
+#: a tile that takes long enough to be caught mid-render, checkpointed every half second
+SLOW_JOB = ["--width", "32", "--height", "32", "--spp", "2000", "--tile", "16"]
+QUICK_JOB = ["--width", "32", "--height", "32", "--spp", "4", "--tile", "16"]
 
 
 def _children(pid: int) -> list[int]:
@@ -69,3 +82,192 @@ def test_demo_refuses_bad_arguments_before_starting_anything(
         assert why in err and "Traceback" not in err, err
         assert not data.exists(), "no server was started"
         assert not out.exists()
+
+
+class Up:
+    """A running ``tessera up`` (stdout: the export lines; stderr to a file) and what it said."""
+
+    def __init__(self, data_dir: Path, args: list[str], env: dict[str, str]) -> None:
+        self.data_dir = data_dir
+        self.pid_file = data_dir / "pids.json"
+        self.err_path = data_dir.parent / f"{data_dir.name}.up-stderr"
+        self._err: IO[str] = self.err_path.open("w")
+        argv = [sys.executable, "-m", "services.cli", "up", "--data-dir", str(data_dir), *args]
+        self.popen = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=self._err, text=True, env=os.environ | env
+        )
+        #: every child PID this test has seen; all must be gone at the end
+        self.seen: set[int] = set()
+        self.env: dict[str, str] = {}
+
+    def read_exports(self) -> dict[str, str]:
+        """The ``export`` lines (printed once everything started), as the clients' environment."""
+        assert self.popen.stdout is not None
+        for _ in range(3):
+            line = self.popen.stdout.readline()
+            assert line.startswith("export "), (line, self.stderr())
+            name, _, value = shlex.split(line)[1].partition("=")
+            self.env[name] = value
+        return self.env
+
+    def stderr(self) -> str:
+        return self.err_path.read_text()
+
+    def children(self) -> dict[str, Any]:
+        """``pids.json``: name -> {pid, restarts, log}; {} before it is written."""
+        try:
+            state = json.loads(self.pid_file.read_text())
+        except FileNotFoundError:
+            return {}
+        self.seen |= {c["pid"] for c in state["children"].values() if c["pid"] is not None}
+        return dict(state["children"])
+
+    def running(self) -> dict[str, Any]:
+        """:meth:`children` once every child has a live PID ({} before)."""
+        kids = self.children()
+        return kids if kids and all(c["pid"] and pid_alive(c["pid"]) for c in kids.values()) else {}
+
+    def restarted(self, name: str, old_pid: int, restarts: int) -> dict[str, Any]:
+        """Wait (bounded) until ``name`` runs again: a new PID, ``restarts`` restarts."""
+
+        def again() -> dict[str, Any]:
+            if self.popen.poll() is not None:
+                raise AssertionError(f"tessera up exited instead:\n{self.stderr()}")
+            child = self.children().get(name, {})
+            new = child.get("pid")
+            ok = new not in (None, old_pid) and child["restarts"] == restarts and pid_alive(new)
+            return child if ok else {}
+
+        return eventually_sync(again, timeout=60, what=f"{name} restarted")
+
+    def cli(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        """Run a ``tessera`` client command against this stack."""
+        argv = [sys.executable, "-m", "services.cli", *args]
+        env = os.environ | self.env
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+
+    def interrupt(self) -> int:
+        """Ctrl-C; the exit status."""
+        self.popen.send_signal(signal.SIGINT)
+        return self.popen.wait(timeout=60)
+
+    def close(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait()
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
+        self._err.close()
+        eventually_sync(
+            lambda: not any(pid_alive(p) for p in self.seen), timeout=15, what="all children gone"
+        )
+
+
+@contextmanager
+def running_up(data_dir: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[Up]:
+    up = Up(data_dir, list(args), env or {})
+    try:
+        yield up
+    finally:
+        up.close()
+
+
+def _job_id(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    return done.stdout.split()[0]
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_worker_is_restarted_and_the_next_job_completes(server_dir: Path) -> None:
+    with running_up(server_dir) as up:
+        up.read_exports()
+        kids = eventually_sync(up.running, timeout=60, what="every child has a live PID")
+        assert set(kids) == {"nats-server n1", "postgres", "gateway", "scheduler", "finalizer",
+                             "worker-1"}  # fmt: skip
+        assert all(c["restarts"] == 0 for c in kids.values())
+        old = kids["worker-1"]["pid"]
+        os.kill(old, signal.SIGKILL)
+
+        new = up.restarted("worker-1", old, restarts=1)["pid"]
+        err = up.stderr()
+        assert "worker-1 exited unexpectedly (signal SIGKILL); restart 1 in" in err, err
+        assert f"worker-1 restarted as PID {new} (restart 1)" in err, err
+
+        job = _job_id(up.cli("submit", "cornell", *QUICK_JOB))
+        watched = up.cli("watch", job, "--interval", "0.2")
+        assert watched.returncode == 0, (watched.stderr, up.stderr())
+        assert up.children()["gateway"]["restarts"] == 0
+
+        assert up.interrupt() == 0
+        assert "restarts: nats-server n1 0, postgres 0, gateway 0, scheduler 0, finalizer 0, " \
+               "worker-1 1" in up.stderr()  # fmt: skip
+        assert not up.pid_file.exists(), "stale PIDs are not left in pids.json"
+        assert old in up.seen and new in up.seen
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_nats_server_comes_back_on_its_port_and_the_job_in_flight_completes(
+    server_dir: Path,
+) -> None:
+    with running_up(server_dir, env={"TESSERA_CHECKPOINT_INTERVAL": "0.5"}) as up:
+        port = up.read_exports()["TESSERA_NATS_URL"].rsplit(":", 1)[1]
+        old = eventually_sync(up.running, timeout=60, what="all running")["nats-server n1"]["pid"]
+        old_argv = psutil.Process(old).cmdline()
+        job = _job_id(up.cli("submit", "cornell", *SLOW_JOB))
+
+        def in_flight() -> bool:
+            done = up.cli("status", job, "--json", timeout=60)
+            status = json.loads(done.stdout) if done.returncode == 0 else {}
+            return status.get("state") == "progressing" and status["samples_done"] > 0
+
+        eventually_sync(in_flight, timeout=120, interval=0.2, what="a tile checkpointed")
+        os.kill(old, signal.SIGKILL)
+
+        new = up.restarted("nats-server n1", old, restarts=1)["pid"]
+        new_argv = psutil.Process(new).cmdline()
+        assert new_argv == old_argv  # same port, monitor port and JetStream store directory
+        assert new_argv[new_argv.index("-p") + 1] == port
+        assert "nats-server n1 exited unexpectedly (signal SIGKILL)" in up.stderr()
+
+        watched = up.cli("watch", job, "--interval", "0.5")
+        assert watched.returncode == 0, (watched.stderr, up.stderr())
+        assert all(c["restarts"] == 0 for n, c in up.children().items() if n != "nats-server n1")
+        assert up.interrupt() == 0
+
+
+def test_a_child_that_keeps_failing_stops_up_with_its_reason(server_dir: Path) -> None:
+    """A bad setting makes every service exit at start: restarted twice, then up gives up."""
+    env = {"TESSERA_LEASE_TTL": "soon"}
+    with running_up(server_dir, "--max-restarts", "2", env=env) as up:
+        up.read_exports()
+        assert up.popen.wait(timeout=90) == 1
+        err = up.stderr()
+        up.seen |= {int(p) for p in re.findall(r"PID (\d+)", err)}
+        gave_up = re.search(
+            r"(gateway|scheduler|finalizer|worker-1) failed 3 times within 60 s \(last: exit "
+            r"code 2; at most 2 restarts allowed\); giving up and stopping everything", err
+        )  # fmt: skip
+        assert gave_up, err
+        assert "TESSERA_LEASE_TTL" in err.split("giving up", 1)[1], "its log tail shows why"
+        assert f"{gave_up[1]} 2" in err.rsplit("restarts: ", 1)[1]
+        assert not up.pid_file.exists()
+    assert len(up.seen) >= 6 + 2
+
+
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (["--max-restarts", "-1"], "must be at least 0"),
+        (["--max-restarts", "many"], "is not a whole number"),
+        (["--restart-window", "0"], "must be a finite number > 0"),
+    ],
+)
+def test_up_refuses_bad_restart_limits_before_starting_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], why: str
+) -> None:
+    data = tmp_path / "data"
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["up", "--data-dir", str(data), *args])
+    assert exited.value.code == 2
+    assert why in capsys.readouterr().err
+    assert not data.exists(), "no server was started"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
-__all__ = ["positive_float", "positive_int"]
+__all__ = ["non_negative_int", "positive_float", "positive_int"]
 
 
 def positive_float(raw: str) -> float:
@@ -27,4 +27,15 @@ def positive_int(raw: str) -> int:
         raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{raw!r}: must be at least 1")
+    return value
+
+
+def non_negative_int(raw: str) -> int:
+    """A whole number >= 0 (counts where 0 switches something off)."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{raw!r}: must be at least 0")
     return value

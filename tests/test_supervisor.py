@@ -1,0 +1,95 @@
+"""The supervisor of ``tessera up`` on real (tiny) processes: backoff, window, giving up."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from shared.procs import ManagedProcess, wait_for
+from shared.retry import RetryPolicy
+from shared.supervisor import Child, RestartLimits, Supervisor
+from tests.helpers import pid_alive
+
+FAST = RetryPolicy(base=0.01, cap=1.0, jitter=0.0)
+
+
+def _supervise(child: Child, limits: RestartLimits, *, stop_at: str | None = None) -> list[str]:
+    """Run a supervisor over ``child`` until it gives up or logs ``stop_at``; its log lines."""
+    lines: list[str] = []
+    stop = threading.Event()
+
+    def log(text: str) -> None:
+        lines.append(text)
+        if stop_at is not None and stop_at in text:
+            stop.set()
+
+    supervisor = Supervisor([child], limits, poll=0.01, log=log)
+    try:
+        status = supervisor.run(stop)
+    finally:
+        child.proc.stop(timeout=2)
+    assert status == (0 if stop_at else 1), lines
+    return lines
+
+
+def test_a_crash_loop_backs_off_exponentially_then_gives_up(tmp_path: Path) -> None:
+    proc = ManagedProcess("crasher", ["sh", "-c", "echo boom; exit 3"], tmp_path / "c.log")
+    proc.start()
+    child = Child(proc, proc.start)
+    lines = _supervise(child, RestartLimits(max_restarts=3, window=600, backoff=FAST))
+    assert [line.split("; ")[1].split(" (")[0] for line in lines[:-1:2]] == [
+        "restart 1 in 0.01 s",
+        "restart 2 in 0.02 s",
+        "restart 3 in 0.04 s",
+    ]
+    assert all("exited unexpectedly (exit code 3)" in line for line in lines[:-1:2])
+    assert lines[-1].startswith(
+        "crasher failed 4 times within 600 s (last: exit code 3; at most 3 restarts allowed); "
+        "giving up and stopping everything; its log"
+    )
+    assert lines[-1].endswith("\nboom"), "the log tail says why"
+    assert child.restarts == 3
+
+
+def test_failures_further_apart_than_the_window_never_add_up(tmp_path: Path) -> None:
+    # Each run lives longer than the window, so every failure is the first within it.
+    proc = ManagedProcess("flaky", ["sh", "-c", "sleep 0.3; exit 1"], tmp_path / "f.log")
+    proc.start()
+    child = Child(proc, proc.start)
+    limits = RestartLimits(max_restarts=1, window=0.2, backoff=FAST)
+    lines = _supervise(child, limits, stop_at="(restart 3)")
+    assert child.restarts == 3
+    failures = [line for line in lines if "exited unexpectedly" in line]
+    assert len(failures) == 3 and all("(failure 1 within 0.2 s" in f for f in failures), lines
+
+
+def test_a_restart_that_never_becomes_ready_counts_as_a_failure(tmp_path: Path) -> None:
+    proc = ManagedProcess("stuck", ["sleep", "30"], tmp_path / "s.log")
+    pids: list[int] = []
+
+    def start() -> None:
+        proc.start()
+        assert proc.pid is not None
+        pids.append(proc.pid)
+        wait_for(lambda: False, timeout=0.05, what="stuck did not answer", proc=proc)
+
+    child = Child(proc, start)  # never started: the first poll sees it down
+    lines = _supervise(child, RestartLimits(max_restarts=2, window=600, backoff=FAST))
+    assert [line for line in lines if "failed: stuck did not answer within 0.05 s" in line]
+    assert len(pids) == 2 and not any(pid_alive(p) for p in pids), "each attempt was stopped"
+    assert "stuck failed 3 times" in lines[-1]
+
+
+def test_the_pid_file_names_every_child(tmp_path: Path) -> None:
+    proc = ManagedProcess("sleeper", ["sleep", "30"], tmp_path / "s.log")
+    proc.start()
+    try:
+        supervisor = Supervisor([Child(proc, proc.start)], RestartLimits(), pid_file=tmp_path / "p")
+        supervisor.write_pid_file()
+        text = (tmp_path / "p").read_text()
+        assert f'"pid": {proc.pid}' in text and '"restarts": 0' in text
+        assert f'"log": "{tmp_path / "s.log"}"' in text
+        supervisor.remove_pid_file()
+        assert not (tmp_path / "p").exists()
+    finally:
+        proc.stop(timeout=2)
