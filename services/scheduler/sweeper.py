@@ -3,7 +3,8 @@
 The broker is not the source of truth (see docs/architecture.md): a stale owner's late ack can
 acknowledge a redelivered message, and acks can be lost in a leader election, so a tile can be
 not done while no message for it exists. Every ``sweep_interval`` the sweeper takes a
-**snapshot**: up to :data:`SNAPSHOT_LIMIT` tiles of active jobs that are not done and were last
+**snapshot**: up to :data:`SNAPSHOT_LIMIT` tiles (the next page of them after the previous
+pass's, wrapping to the oldest after a short page) of active jobs that are not done and were last
 published more than ``sweep_age`` ago (never-published ones once their row is that old: a fresh
 plan is still being published). For those it asks the broker, in bulk, which have a message in
 the TILES stream (one subject listing per job) and which a live lease (one listing of the job's
@@ -34,6 +35,7 @@ from services.scheduler.planner import publish_tiles
 from shared.errors import RetryableError
 from shared.jetstream import publish, retry_transient, subjects_with_messages
 from shared.metadata import Tile
+from shared.metadata.tiles import StaleKey, stale_key
 from shared.pauses import pause_point
 from shared.runtime import Runtime
 
@@ -42,7 +44,9 @@ __all__ = ["SNAPSHOT_LIMIT", "SNAPSHOT_MAX_AGE", "Sweeper"]
 READ_TIMEOUT = 15.0
 """Bound on one stream read: longer than a leader election (a few seconds, NATS-NOTES)."""
 SNAPSHOT_LIMIT = 1000
-"""Stale tiles one sweep pass looks at (oldest publish first)."""
+"""Stale tiles one sweep pass looks at (oldest publish first). A backlog of more stale tiles
+(a large job queued longer than the sweep age) is paged through, pass after pass, so a lost
+tile behind a thousand queued ones is still found."""
 SNAPSHOT_MAX_AGE = 5.0
 """Seconds from the snapshot to the claim past which a pass starts over (a normal pass over
 1,000 tiles takes a few tens of milliseconds; a slow one is riding out a leader election)."""
@@ -60,6 +64,8 @@ class Sweeper:
         self.log = rt.log.bind(component="sweeper")
         self.stream = rt.names.stream(n.STREAM_TILES)
         self.max_snapshot_age = SNAPSHOT_MAX_AGE
+        self.snapshot_limit = SNAPSHOT_LIMIT
+        self._cursor: StaleKey | None = None  # where the next snapshot starts in stale order
 
     async def run(self, stop: asyncio.Event) -> None:
         """Sweep every ``sweep_interval`` until ``stop``."""
@@ -80,14 +86,22 @@ class Sweeper:
         loop = asyncio.get_running_loop()
         for _ in range(SNAPSHOT_ROUNDS):
             taken = loop.time()
-            stale = await self.rt.db.stale_tiles(older_than=age, limit=SNAPSHOT_LIMIT)
+            after = self._cursor
+            stale = await self.rt.db.stale_tiles(
+                older_than=age, limit=self.snapshot_limit, after=after
+            )
+            # A full page: the next pass goes on after it; a short one: back to the oldest.
+            self._cursor = stale_key(stale[-1]) if len(stale) >= self.snapshot_limit else None
             if not stale:
-                return []
+                if after is None:
+                    return []
+                continue  # the last page ended exactly at the limit: start from the oldest
             await pause_point("sweeper.after_snapshot")
             unaccounted = await self._unaccounted(stale)
             await pause_point("sweeper.before_claim")
             elapsed = loop.time() - taken
             if elapsed > self.max_snapshot_age:
+                self._cursor = after  # the fresh snapshot looks at the same page again
                 self._skipped("expired", len(unaccounted))
                 self.log.warning(
                     "sweep pass outlived its snapshot; starting over",

@@ -385,12 +385,17 @@ class MetadataStore(OpsStore):
         """True once the job is planned and every tile is done."""
         return await self._read("all_tiles_done", lambda c: tiles.all_done(c, job_id))
 
-    async def stale_tiles(self, *, older_than: float, limit: int = 100) -> list[Tile]:
+    async def stale_tiles(
+        self, *, older_than: float, limit: int = 100, after: tiles.StaleKey | None = None
+    ) -> list[Tile]:
         """For the sweeper: open tiles of live, not cancel-requested jobs whose message was
         last published more than ``older_than`` seconds ago, or that were never published and
-        have not moved for as long (a fresh plan is still being published), oldest first."""
+        have not moved for as long (a fresh plan is still being published), oldest first; with
+        ``after`` (:func:`~shared.metadata.tiles.stale_key` of the last tile of a page), the
+        next page."""
         return await self._read(
-            "stale_tiles", lambda c: tiles.stale(c, older_than=older_than, limit=limit)
+            "stale_tiles",
+            lambda c: tiles.stale(c, older_than=older_than, limit=limit, after=after),
         )
 
     async def claim_lost_tiles(self, seen: Sequence[Tile], *, older_than: float) -> list[Tile]:

@@ -8,6 +8,7 @@ writes the job row first, so two of them never wait on each other in opposite or
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 
 from shared.errors import ConflictError, NotFoundError, ValidationError
 from shared.lifecycle import (
@@ -274,13 +275,33 @@ _STALE = """
 """
 
 
-async def stale(conn: Conn, *, older_than: float, limit: int) -> list[Tile]:
+StaleKey = tuple[datetime | None, str, int]
+"""Where a tile stands in :func:`stale`'s order: publish time (``None``: never published,
+first), job id, tile index."""
+
+
+def stale_key(tile: Tile) -> StaleKey:
+    """``tile``'s place in :func:`stale`'s order, for its ``after`` cursor."""
+    return (tile.published_at, tile.job_id, tile.tile_index)
+
+
+async def stale(
+    conn: Conn, *, older_than: float, limit: int, after: StaleKey | None = None
+) -> list[Tile]:
     """Open tiles of live jobs whose message was last published ``older_than`` s ago, or that
-    were never published and have not moved for as long; oldest publish first."""
+    were never published and have not moved for as long; oldest publish first, and only those
+    past ``after`` in that order (a cursor: a sweep pages through a backlog larger than
+    ``limit`` instead of looking at its oldest page again and again)."""
+    published, job_id, index = after if after is not None else (None, "", -1)
     rows = await conn.fetch(
         f"""
         SELECT t.* FROM tiles t JOIN jobs j ON j.job_id = t.job_id
         WHERE {_STALE}
+          AND (NOT $8::boolean
+               OR ($5::timestamptz IS NULL
+                   AND (t.published_at IS NOT NULL OR (t.job_id, t.tile_index) > ($6, $7)))
+               OR t.published_at > $5
+               OR (t.published_at = $5 AND (t.job_id, t.tile_index) > ($6, $7)))
         ORDER BY t.published_at NULLS FIRST, t.job_id, t.tile_index
         LIMIT $4
         """,
@@ -288,6 +309,10 @@ async def stale(conn: Conn, *, older_than: float, limit: int) -> list[Tile]:
         _TERMINAL_TILES,
         older_than,
         limit,
+        published,
+        job_id,
+        index,
+        after is not None,
     )
     return [Tile.from_record(row) for row in rows]
 

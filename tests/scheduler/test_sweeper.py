@@ -222,3 +222,21 @@ async def test_a_sweep_pass_that_outlives_its_snapshot_starts_over(runtime: Runt
     sweeper.max_snapshot_age = 60.0
     assert sorted(t.tile_index for t in await sweeper.sweep_once()) == [0, 1]
     assert _republished(runtime) == 2
+
+
+async def test_a_lost_tile_behind_a_larger_backlog_is_found(runtime: Runtime) -> None:
+    """More stale tiles than one snapshot holds, all queued but the last: the sweeper pages
+    through them instead of looking at the oldest page again and again."""
+    job_id = await _job(runtime)
+    await _delete_messages(runtime, job_id, [TILES - 1])
+    await _age(runtime, job_id)
+    sweeper = Sweeper(runtime)
+    sweeper.snapshot_limit = 10
+    pages = -(-TILES // sweeper.snapshot_limit)
+    swept = [[t.tile_index for t in await sweeper.sweep_once()] for _ in range(pages)]
+    assert swept == [[]] * (pages - 1) + [[TILES - 1]]
+    assert _republished(runtime) == 1
+    assert _skipped(runtime, "message") == TILES - 1
+    # The last page was short: the next pass starts from the oldest again.
+    assert await sweeper.sweep_once() == []
+    assert _skipped(runtime, "message") == TILES - 1 + sweeper.snapshot_limit
