@@ -25,7 +25,7 @@ from shared.objectstore.base import (
     sha256_hex,
 )
 from shared.objectstore.directory import DirectoryStore
-from shared.objectstore.keys import checkpoint_key, render_key, tile_result_key
+from shared.objectstore.keys import checkpoint_key, render_key, render_sha256, tile_result_key
 from shared.objectstore.s3 import S3Store
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "checkpoint_key",
     "open_object_store",
     "render_key",
+    "render_sha256",
     "sha256_hex",
     "tile_result_key",
 ]
