@@ -19,7 +19,7 @@ subject                   schema              fields (defaults)
 ``.dlq.list``             DlqListRequest      job_id, limit (100), cursor
 ``.dlq.show``             DlqShowRequest      seq (DLQ stream sequence)
 ``.dlq.requeue``          DlqRequeueRequest   job_id, dry_run (false), rate (10/s), limit
-``.dlq.purge``            DlqPurgeRequest     job_id or all=true, dry_run (false)
+``.dlq.purge``            DlqPurgeRequest     job_id, all (false; or job_id), dry_run (false)
 ``tessera.api.result``    ResultRequest       job_id, kind (png), inline (false), offset (0),
                                               length (the gateway's chunk)
 ========================  ==================  ==============================================
@@ -61,7 +61,7 @@ from proto.limits import (
     check_scene,
     tile_count,
 )
-from proto.names import TOKEN_RE
+from proto.names import TOKEN_RE, ApiVerb
 from shared.errors import DecodeError, ValidationError
 from shared.lifecycle import JobState
 
@@ -283,6 +283,21 @@ R = TypeVar("R", SubmitRequest, JobRequest, ListRequest, DlqListRequest, DlqShow
             DlqRequeueRequest, DlqPurgeRequest, ResultRequest)  # fmt: skip
 REQUEST_SCHEMAS = (SubmitRequest, JobRequest, ListRequest, DlqListRequest, DlqShowRequest,
                    DlqRequeueRequest, DlqPurgeRequest, ResultRequest)  # fmt: skip
+
+
+VERB_REQUESTS: dict[ApiVerb, type] = {
+    ApiVerb.SUBMIT: SubmitRequest,
+    ApiVerb.STATUS: StatusRequest,
+    ApiVerb.LIST: ListRequest,
+    ApiVerb.CANCEL: CancelRequest,
+    ApiVerb.RETRY: RetryRequest,
+    ApiVerb.RESULT: ResultRequest,
+    ApiVerb.DLQ_LIST: DlqListRequest,
+    ApiVerb.DLQ_SHOW: DlqShowRequest,
+    ApiVerb.DLQ_REQUEUE: DlqRequeueRequest,
+    ApiVerb.DLQ_PURGE: DlqPurgeRequest,
+}
+"""The request schema of every verb."""
 
 
 def decode_request(data: bytes, headers: Mapping[str, str] | None, schema: type[R]) -> R:

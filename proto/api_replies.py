@@ -51,6 +51,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Annotated, Any, get_type_hints
 
+from proto.api import ResultKind
 from proto.names import ApiVerb
 from proto.replies import ok_reply
 
@@ -156,7 +157,7 @@ class ResultReply:
     """
 
     job_id: Annotated[str, "the job's id"]
-    kind: Annotated[str, "``png`` (the image) or ``float`` (the float accumulator, .npy)"]
+    kind: Annotated[ResultKind, "``png`` (the image) or ``float`` (the float image, .npy)"]
     content_type: Annotated[str, "``image/png`` or ``application/x-npy``"]
     size: Annotated[int, "bytes of the whole object"]
     sha256: Annotated[str, "sha256 (hex) of the whole object: verify the download against it"]

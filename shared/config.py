@@ -164,18 +164,23 @@ class Settings:
     node: str = ""
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str], *, database: bool = True) -> Settings:
+    def from_env(
+        cls, env: Mapping[str, str], *, database: bool = True, object_store: bool = True
+    ) -> Settings:
         """Build and validate settings from ``env`` (normally ``os.environ``).
 
         ``database=False`` (the client commands, which only talk to the gateways) makes
         ``TESSERA_DATABASE_URL`` optional: unset, ``database_url`` is empty; set, it is checked.
+        ``object_store=False`` does the same for ``TESSERA_OBJECT_STORE`` (and the S3
+        variables): unset, the store is a ``file`` store without a path, which nothing opens.
         """
         node = env.get("TESSERA_NODE", "").strip() or f"{socket.gethostname()}-{os.getpid()}"
         need_db = database or bool(env.get("TESSERA_DATABASE_URL", "").strip())
+        need_store = object_store or bool(env.get("TESSERA_OBJECT_STORE", "").strip())
         return cls(
             nats_urls=_nats_urls(_required(env, "TESSERA_NATS_URL")),
             database_url=(_database_url(_required(env, "TESSERA_DATABASE_URL")) if need_db else ""),
-            object_store=_object_store(env),
+            object_store=_object_store(env) if need_store else ObjectStoreSettings(kind="file"),
             tuning=_tuning(env),
             node=node,
         )

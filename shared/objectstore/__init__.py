@@ -50,7 +50,10 @@ async def open_object_store(settings: ObjectStoreSettings) -> ObjectStore:
     """The store ``settings`` names (``file``: a directory; ``s3``: a bucket)."""
     if settings.kind == "file":
         if not settings.path:
-            raise ConfigError("TESSERA_OBJECT_STORE: file:// needs an absolute directory")
+            raise ConfigError(
+                "TESSERA_OBJECT_STORE is not set (or file:// has no absolute directory): "
+                "this command reads the object store directly"
+            )
         return await DirectoryStore.open(Path(settings.path))
     if settings.kind == "s3":
         return await S3Store.open(settings)
