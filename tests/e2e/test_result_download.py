@@ -67,7 +67,9 @@ async def test_directory_store_chunks_and_tessera_get(
         assert floats == await objects.get(str(status["float_location"]))
     assert sha256_hex(floats) == first["sha256"]
     png, npy = tmp_path / "out.png", tmp_path / "out.npy"
-    done = await asyncio.to_thread(tessera_get, e2e_env, job_id, "-o", str(png), "--float", str(npy))
+    done = await asyncio.to_thread(
+        tessera_get, e2e_env, job_id, "-o", str(png), "--float", str(npy)
+    )
     assert done.returncode == 0, done.stderr
     assert png.read_bytes() == reference_png(BODY) and npy.read_bytes() == floats
 
