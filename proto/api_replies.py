@@ -3,8 +3,9 @@
 An ok reply is the JSON object ``{"ok": true, <the fields of the verb's reply>}`` (errors:
 :mod:`proto.replies`). Every field is always present; ``null`` is a value ("none", "not yet"),
 never "field left out". Each field is ``Annotated[type, "unit and meaning"]``: the text
-``docs/api.md`` is generated from (``python -m proto.apidoc``); tests check that page, the table
-below and the gateway's real replies against these classes, so none can drift.
+``docs/api.md`` is generated from (``make api-docs``, i.e. ``python -m proto.apidoc``); tests
+check that page, the table below and the gateway's real replies against these classes, so none
+can drift.
 
 Timestamps are ISO 8601 strings with a UTC offset (``2026-12-01T19:13:35.123456+00:00``).
 Object keys (``result_location``, ``float_location``) are relative to the object store's root

@@ -304,6 +304,24 @@ async def test_s3_presigned_url_serves_the_object_without_credentials(
     assert refused.value.code == 403
 
 
+async def test_s3_presigned_url_expires(seaweed: SeaweedS3, prefix: str) -> None:
+    async with await S3Store.open(s3_settings(seaweed.endpoint)) as store:
+        key = prefix + "brief.png"
+        await store.put(key, b"short-lived")
+        url = await store.presign_get(key, 1)
+    assert url is not None and await asyncio.to_thread(_http_get, url) == b"short-lived"
+
+    async def refused() -> bool:
+        try:
+            await asyncio.to_thread(_http_get, url)
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            return exc.code == 403
+        return False
+
+    await wait_for_async(refused, timeout=15, what="the 1 s URL is refused once it expired")
+
+
 def _http_get(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=10) as response:
         data: bytes = response.read()
