@@ -62,7 +62,7 @@ class ResultHandlers:
             sha = sha256_hex(await self.store.get(key))
         kind, content_type = request.kind, CONTENT_TYPES[request.kind]
         if not request.inline:
-            signed_at = datetime.now(UTC)  # before signing: the URL lives at least this long
+            signed_at = datetime.now(UTC)  # before signing: expires_at is never late
             url = await self.store.presign_get(key, self.url_ttl)
             if url is not None:
                 expires = iso(signed_at + timedelta(seconds=self.url_ttl))
