@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint typecheck unit bench
+.PHONY: demo test lint typecheck unit bench api-docs
 
 demo: $(VENV)/.installed-local
 	$(BIN)/tessera demo
@@ -19,6 +19,10 @@ typecheck: $(VENV)/.installed-dev
 
 unit: $(VENV)/.installed-dev
 	$(BIN)/pytest
+
+# docs/api.md is generated from proto/ (a test fails when it is stale)
+api-docs: $(VENV)/.installed-dev
+	$(BIN)/python -m proto.apidoc > docs/api.md
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python -m bench.kernel

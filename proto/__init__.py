@@ -5,6 +5,8 @@
 - :mod:`proto.ensure`      create-or-update the topology, race-safe
 - :mod:`proto.messages`    internal msgpack messages (JobMessage, TileMessage, TileDone, ...)
 - :mod:`proto.api`         client API request schemas and ``decode_request``
+- :mod:`proto.api_replies` client API reply schemas and ``encode_reply``
+- :mod:`proto.apidoc`      ``docs/api.md``, generated from the schemas (``make api-docs``)
 - :mod:`proto.limits`      the documented API limits
 - :mod:`proto.replies`     error codes and reply builders
 - :mod:`proto.canonical`   canonical JSON for hashing

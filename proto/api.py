@@ -1,10 +1,12 @@
 """Client API request schemas (JSON over NATS request-reply).
 
 Requests are JSON objects; a request with header ``Content-Type: application/msgpack`` may send
-the same object as msgpack. Replies are always JSON (:mod:`proto.replies`). Unknown fields are
-rejected; ``null`` means "not given" (the default applies). The limits are documented in
-:mod:`proto.limits`: a wrong shape or type is ``bad_request`` (:class:`DecodeError`), a value
-outside a limit is ``invalid`` (:class:`ValidationError`).
+the same object as msgpack. Replies are always JSON: the envelope and error codes are
+:mod:`proto.replies`, every verb's ok reply :mod:`proto.api_replies` (and ``docs/api.md``, both
+generated from the ``Annotated`` fields). Unknown fields are rejected; ``null`` means "not
+given" (the default applies). The limits are documented in :mod:`proto.limits`: a wrong shape or
+type is ``bad_request`` (:class:`DecodeError`), a value outside a limit is ``invalid``
+(:class:`ValidationError`).
 
 ========================  ==================  ==============================================
 subject                   schema              fields (defaults)
@@ -17,7 +19,9 @@ subject                   schema              fields (defaults)
 ``.dlq.list``             DlqListRequest      job_id, limit (100), cursor
 ``.dlq.show``             DlqShowRequest      seq (DLQ stream sequence)
 ``.dlq.requeue``          DlqRequeueRequest   job_id, dry_run (false), rate (10/s), limit
-``.dlq.purge``            DlqPurgeRequest     job_id or all=true, dry_run (false)
+``.dlq.purge``            DlqPurgeRequest     job_id, all (false; or job_id), dry_run (false)
+``tessera.api.result``    ResultRequest       job_id, kind (png), inline (false), offset (0),
+                                              length (the gateway's chunk)
 ========================  ==================  ==============================================
 """
 
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Self, TypeVar
+from typing import Annotated, Any, Literal, Self, TypeVar
 
 import msgpack
 import orjson
@@ -45,6 +49,7 @@ from proto.limits import (
     MAX_REQUEST_BYTES,
     MAX_REQUEUE_LIMIT,
     MAX_REQUEUE_RATE,
+    MAX_RESULT_LENGTH,
     MAX_SEED,
     MAX_SEQ,
     MAX_SPP,
@@ -56,7 +61,7 @@ from proto.limits import (
     check_scene,
     tile_count,
 )
-from proto.names import TOKEN_RE
+from proto.names import TOKEN_RE, ApiVerb
 from shared.errors import DecodeError, ValidationError
 from shared.lifecycle import JobState
 
@@ -85,16 +90,20 @@ def _cursor(body: Body) -> str | None:
 class SubmitRequest:
     """``tessera.api.submit``: render one frame of a scene. Validated on construction."""
 
-    project: str
-    scene: Scene
-    width: int
-    height: int
-    spp: int
-    frame: int = 0
-    tile_size: int = DEFAULT_TILE_SIZE
-    max_depth: int = DEFAULT_BOUNCES
-    seed: int = 0
-    idempotency_key: str | None = None
+    project: Annotated[str, "project name (groups jobs; 1..64 of [A-Za-z0-9._-])"]
+    scene: Annotated[Scene, "a builtin scene name, or an inline scene document (an object)"]
+    width: Annotated[int, "image width, pixels (1..8192)"]
+    height: Annotated[int, "image height, pixels (1..8192)"]
+    spp: Annotated[int, "samples per pixel (1..65536)"]
+    frame: Annotated[int, "frame number (0..1,000,000)"] = 0
+    tile_size: Annotated[int, "tile edge, pixels (8..1024; at most 16,384 tiles)"] = (
+        DEFAULT_TILE_SIZE
+    )
+    max_depth: Annotated[int, "bounces per path (1..64)"] = DEFAULT_BOUNCES
+    seed: Annotated[int, "noise seed (0..2^32-1)"] = 0
+    idempotency_key: Annotated[
+        str | None, "the same key returns the same job (default: derived from the body)"
+    ] = None
 
     def __post_init__(self) -> None:
         check_str("project", self.project, PROJECT_RE, 64)
@@ -130,7 +139,7 @@ class SubmitRequest:
 class JobRequest:
     """``status``, ``cancel`` and ``retry``: one ``job_id``."""
 
-    job_id: str
+    job_id: Annotated[str, "the job's id"]
 
     @classmethod
     def from_body(cls, body: Body) -> Self:
@@ -147,9 +156,9 @@ StatusRequest = CancelRequest = RetryRequest = JobRequest
 class ListRequest:
     """``tessera.api.list``: jobs, newest first, optionally in one state, a page at a time."""
 
-    state: JobState | None = None
-    limit: int = DEFAULT_LIST_LIMIT
-    cursor: str | None = None
+    state: Annotated[JobState | None, "only jobs in this job state (default: all)"] = None
+    limit: Annotated[int, "page size (1..1000)"] = DEFAULT_LIST_LIMIT
+    cursor: Annotated[str | None, "``next_cursor`` of the previous page"] = None
 
     @classmethod
     def from_body(cls, body: Body) -> Self:
@@ -168,9 +177,9 @@ class ListRequest:
 class DlqListRequest:
     """``tessera.api.dlq.list``: dead letters, optionally of one job, a page at a time."""
 
-    job_id: str | None = None
-    limit: int = DEFAULT_LIST_LIMIT
-    cursor: str | None = None
+    job_id: Annotated[str | None, "only this job's dead letters (default: all)"] = None
+    limit: Annotated[int, "page size (1..1000)"] = DEFAULT_LIST_LIMIT
+    cursor: Annotated[str | None, "``next_cursor`` of the previous page"] = None
 
     @classmethod
     def from_body(cls, body: Body) -> Self:
@@ -184,7 +193,7 @@ class DlqListRequest:
 class DlqShowRequest:
     """``tessera.api.dlq.show``: one dead letter by its DLQ stream sequence."""
 
-    seq: int
+    seq: Annotated[int, "the letter's sequence in the DLQ stream (``seq`` in dlq.list)"]
 
     @classmethod
     def from_body(cls, body: Body) -> Self:
@@ -201,10 +210,10 @@ class DlqRequeueRequest:
     ``dry_run`` reports what would be requeued without touching anything.
     """
 
-    job_id: str | None = None
-    dry_run: bool = False
-    rate: int = DEFAULT_REQUEUE_RATE
-    limit: int = MAX_REQUEUE_LIMIT
+    job_id: Annotated[str | None, "only this job's dead letters (default: all)"] = None
+    dry_run: Annotated[bool, "only report what would be done"] = False
+    rate: Annotated[int, "requeues per second (1..1000)"] = DEFAULT_REQUEUE_RATE
+    limit: Annotated[int, "at most this many letters (1..10,000)"] = MAX_REQUEUE_LIMIT
 
     @classmethod
     def from_body(cls, body: Body) -> Self:
@@ -220,9 +229,9 @@ class DlqRequeueRequest:
 class DlqPurgeRequest:
     """``tessera.api.dlq.purge``: delete one job's dead letters, or all with ``all: true``."""
 
-    job_id: str | None = None
-    all: bool = False
-    dry_run: bool = False
+    job_id: Annotated[str | None, "delete this job's dead letters"] = None
+    all: Annotated[bool, "delete every dead letter (instead of job_id)"] = False
+    dry_run: Annotated[bool, "only count"] = False
 
     @classmethod
     def from_body(cls, body: Body) -> Self:
@@ -235,10 +244,60 @@ class DlqPurgeRequest:
         return cls(job_id, everything, dry_run)
 
 
+ResultKind = Literal["png", "float"]
+RESULT_KINDS: tuple[ResultKind, ...] = ("png", "float")
+
+
+@dataclass(frozen=True)
+class ResultRequest:
+    """``tessera.api.result``: download a completed job's image without store credentials.
+
+    The reply (:class:`proto.api_replies.ResultReply`) is a presigned URL where the store can
+    sign one (S3) and ``inline`` is false, else ``length`` bytes from ``offset`` in the reply.
+    """
+
+    job_id: Annotated[str, "the job's id"]
+    kind: Annotated[ResultKind, "``png`` (the image) or ``float`` (the float image, .npy)"] = "png"
+    inline: Annotated[bool, "bytes over NATS even where the store could sign a URL"] = False
+    offset: Annotated[int, "first byte of the chunk (0..size)"] = 0
+    length: Annotated[
+        int | None, "at most this many bytes (1..2^31-1; default and cap: the gateway's chunk)"
+    ] = None
+
+    @classmethod
+    def from_body(cls, body: Body) -> Self:
+        """Read and validate a parsed body."""
+        job_id, kind = _job_id(body), body.string("kind", "png")
+        if kind not in RESULT_KINDS:
+            raise ValidationError(f"kind: {kind!r:.40} is not one of {', '.join(RESULT_KINDS)}")
+        inline = body.boolean("inline", False)
+        offset = check_range("offset", body.integer("offset", 0), 0, MAX_SEQ)
+        length = body.integer("length", None)
+        if length is not None:
+            check_range("length", length, 1, MAX_RESULT_LENGTH)
+        body.done()
+        return cls(job_id, "float" if kind == "float" else "png", inline, offset, length)
+
+
 R = TypeVar("R", SubmitRequest, JobRequest, ListRequest, DlqListRequest, DlqShowRequest,
-            DlqRequeueRequest, DlqPurgeRequest)  # fmt: skip
+            DlqRequeueRequest, DlqPurgeRequest, ResultRequest)  # fmt: skip
 REQUEST_SCHEMAS = (SubmitRequest, JobRequest, ListRequest, DlqListRequest, DlqShowRequest,
-                   DlqRequeueRequest, DlqPurgeRequest)  # fmt: skip
+                   DlqRequeueRequest, DlqPurgeRequest, ResultRequest)  # fmt: skip
+
+
+VERB_REQUESTS: dict[ApiVerb, type] = {
+    ApiVerb.SUBMIT: SubmitRequest,
+    ApiVerb.STATUS: StatusRequest,
+    ApiVerb.LIST: ListRequest,
+    ApiVerb.CANCEL: CancelRequest,
+    ApiVerb.RETRY: RetryRequest,
+    ApiVerb.RESULT: ResultRequest,
+    ApiVerb.DLQ_LIST: DlqListRequest,
+    ApiVerb.DLQ_SHOW: DlqShowRequest,
+    ApiVerb.DLQ_REQUEUE: DlqRequeueRequest,
+    ApiVerb.DLQ_PURGE: DlqPurgeRequest,
+}
+"""The request schema of every verb."""
 
 
 def decode_request(data: bytes, headers: Mapping[str, str] | None, schema: type[R]) -> R:

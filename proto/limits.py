@@ -21,6 +21,8 @@ Limits (``bad_request`` for a wrong shape or type, ``invalid`` for a value outsi
   half of NATS's default ``max_payload``); a list page cut short says so through
   ``next_cursor``, a requeue report through ``omitted``. A dead letter's ``error`` is cut to 500
   characters in lists (:data:`MAX_VIEW_ERROR`); ``dlq show`` has it whole
+- ``result`` ``offset``: 0..the object's size; ``length``: 1..2^31-1, capped at the gateway's
+  chunk (about 3/4 of its reply budget, so the base64 fits)
 - every integer must be a finite whole number (``64.0`` is accepted as 64; booleans, ``1.5``,
   NaN and out-of-range values are not)
 """
@@ -50,6 +52,7 @@ MAX_REQUEUE_LIMIT, MAX_REQUEUE_RATE, DEFAULT_REQUEUE_RATE = 10_000, 1000, 10
 MAX_SEQ = 2**63 - 1
 MAX_REPLY_BYTES = 512 * 1024
 MAX_VIEW_ERROR = 500
+MAX_RESULT_LENGTH = 2**31 - 1
 
 PROJECT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 BUILTIN_SCENE_RE = re.compile(r"[a-z0-9][a-z0-9_-]*")

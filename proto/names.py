@@ -103,6 +103,7 @@ class ApiVerb(StrEnum):
     CANCEL = "cancel"
     LIST = "list"
     RETRY = "retry"
+    RESULT = "result"
     DLQ_LIST = "dlq.list"
     DLQ_SHOW = "dlq.show"
     DLQ_REQUEUE = "dlq.requeue"

@@ -101,6 +101,9 @@ class Tuning:
     #: retry backoff: base and cap of the exponential delay for ``nak(delay=...)``
     retry_base: float = 1.0
     retry_cap: float = 60.0
+    #: lifetime (whole seconds) of a presigned result URL from ``tessera.api.result`` (S3):
+    #: short, since anyone holding the URL can download the image until it expires
+    result_url_ttl: int = 300
     #: default tile edge in pixels when a request names none
     default_tile: int = 64
     #: SIGTERM grace period: in-flight tiles are checkpointed and handed back within it
@@ -119,6 +122,8 @@ class Tuning:
     #: log level name
     log_level: str = "INFO"
 
+
+MAX_URL_TTL = 7 * 24 * 3600
 
 _DURATION_MIN: dict[str, float] = {
     "heartbeat_interval": 0.05,
@@ -140,6 +145,7 @@ _INT_MIN: dict[str, int] = {
     "read_ahead_bytes": 0,
     "worker_slots": 0,
     "default_tile": 8,
+    "result_url_ttl": 1,
     "duplicate_window": 1,
     "replicas": 1,
     "metrics_port": 0,
@@ -158,18 +164,23 @@ class Settings:
     node: str = ""
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str], *, database: bool = True) -> Settings:
+    def from_env(
+        cls, env: Mapping[str, str], *, database: bool = True, object_store: bool = True
+    ) -> Settings:
         """Build and validate settings from ``env`` (normally ``os.environ``).
 
         ``database=False`` (the client commands, which only talk to the gateways) makes
         ``TESSERA_DATABASE_URL`` optional: unset, ``database_url`` is empty; set, it is checked.
+        ``object_store=False`` does the same for ``TESSERA_OBJECT_STORE`` (and the S3
+        variables): unset, the store is a ``file`` store without a path, which nothing opens.
         """
         node = env.get("TESSERA_NODE", "").strip() or f"{socket.gethostname()}-{os.getpid()}"
         need_db = database or bool(env.get("TESSERA_DATABASE_URL", "").strip())
+        need_store = object_store or bool(env.get("TESSERA_OBJECT_STORE", "").strip())
         return cls(
             nats_urls=_nats_urls(_required(env, "TESSERA_NATS_URL")),
             database_url=(_database_url(_required(env, "TESSERA_DATABASE_URL")) if need_db else ""),
-            object_store=_object_store(env),
+            object_store=_object_store(env) if need_store else ObjectStoreSettings(kind="file"),
             tuning=_tuning(env),
             node=node,
         )
@@ -314,6 +325,11 @@ def _check_relations(t: Tuning) -> None:
         )
     if t.retry_cap < t.retry_base:
         raise ConfigError(f"TESSERA_RETRY_CAP={t.retry_cap} must be >= TESSERA_RETRY_BASE")
+    if t.result_url_ttl > MAX_URL_TTL:
+        raise ConfigError(
+            f"TESSERA_RESULT_URL_TTL={t.result_url_ttl} must be at most {MAX_URL_TTL} "
+            "(7 days, the longest an S3 signature is valid)"
+        )
     if t.namespace and not t.namespace.replace("_", "").replace("-", "").isalnum():
         raise ConfigError(
             f"TESSERA_NAMESPACE={t.namespace!r} may hold only letters, digits, '-' and '_'"

@@ -23,7 +23,6 @@ from services.client.session import EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, Comman
 from services.client.watch import watch_jobs
 from shared.errors import DecodeError, ValidationError
 from shared.lifecycle import JobState
-from shared.objectstore import open_object_store
 
 __all__ = ["load_scene", "parse_frames", "submit_requests"]
 
@@ -145,7 +144,11 @@ async def watch(session: Session, args: argparse.Namespace) -> int:
 
 
 async def get(session: Session, args: argparse.Namespace) -> int:
-    """``tessera get JOB``: fetch the final image (and the float image) with verification."""
+    """``tessera get JOB``: fetch the final image (and the float image), sha256-verified.
+
+    Through the gateway (``tessera.api.result``): a presigned URL or chunks over NATS, so the
+    client needs no object-store credentials.
+    """
     reply = await session.client.status(args.job)
     if reply["state"] != JobState.COMPLETED or not reply.get("result_location"):
         status = EXIT_JOB_FAILED
@@ -158,15 +161,14 @@ async def get(session: Session, args: argparse.Namespace) -> int:
     for target in targets:  # before downloading anything: all the files or none
         if problem := output.cannot_write(target):
             raise CommandFailed(problem, EXIT_USAGE)
-    store = await open_object_store(session.settings.object_store)
-    try:
-        png = await store.get(reply["result_location"], sha256=reply["result_sha256"])
-        floats = await store.get(reply["float_location"]) if args.float else None
-        _write(targets[0], png)
-        if floats is not None:
-            _write(targets[1], floats)
-    finally:
-        await store.close()
+    client = session.client
+    png = await client.download(args.job, kind="png", inline=args.inline)
+    floats = (
+        await client.download(args.job, kind="float", inline=args.inline) if args.float else None
+    )
+    _write(targets[0], png)
+    if floats is not None:
+        _write(targets[1], floats)
     print(args.output or f"{args.job}.png")
     return EXIT_OK
 

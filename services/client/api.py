@@ -6,22 +6,29 @@ reply raises :class:`~proto.replies.ApiError` (its ``code`` is an
 e.g. while one restarts) the request is repeated until ``timeout`` has passed; a request that a
 gateway received but did not answer within ``timeout`` is not repeated. Either way the failure is
 :class:`GatewayUnavailable`.
+
+:meth:`TesseraClient.download` needs no object-store credentials: it follows the presigned URL
+``tessera.api.result`` gives for an S3 store (falling back to NATS if that URL cannot be fetched
+from here) or collects the chunks over NATS, and checks the size and sha256 either way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 from typing import Any
 
+import aiohttp
 import nats.errors
 import orjson
 from nats.aio.client import Client as NATS
 
-from proto.api import SubmitRequest
+from proto.api import ResultKind, SubmitRequest
 from proto.names import ApiVerb, Names
 from proto.replies import decode_reply
-from shared.errors import StoreUnavailable
+from shared.errors import DecodeError, StoreUnavailable
 from shared.lifecycle import JobState
+from shared.objectstore import CorruptObject, sha256_hex
 
 __all__ = ["DEFAULT_TIMEOUT", "GatewayUnavailable", "TesseraClient"]
 
@@ -93,6 +100,53 @@ class TesseraClient:
         """Re-queue a failed or dead-lettered job as a new generation."""
         return await self.call(ApiVerb.RETRY, {"job_id": job_id})
 
+    async def result(
+        self,
+        job_id: str,
+        *,
+        kind: ResultKind = "png",
+        inline: bool = False,
+        offset: int = 0,
+        length: int | None = None,
+    ) -> dict[str, Any]:
+        """One ``tessera.api.result`` reply: a presigned ``url``, or a chunk in ``data_b64``."""
+        body = {"job_id": job_id, "kind": kind, "inline": inline or None, "offset": offset or None}
+        return await self.call(ApiVerb.RESULT, body | {"length": length})
+
+    async def download(
+        self,
+        job_id: str,
+        *,
+        kind: ResultKind = "png",
+        inline: bool = False,
+        chunk: int | None = None,
+    ) -> bytes:
+        """A completed job's image, whole and verified (size and sha256).
+
+        ``inline`` takes the bytes over NATS even where the store signs URLs; ``chunk`` asks
+        for smaller chunks than the gateway's. :class:`CorruptObject` if the bytes differ.
+        """
+        first = await self.result(job_id, kind=kind, inline=inline, length=chunk)
+        if first["url"] is not None:
+            try:
+                return _verified(first, await fetch_url(first["url"], self.timeout))
+            except StoreUnavailable:  # the store is not reachable from here: ask the gateway
+                first = await self.result(job_id, kind=kind, inline=True, length=chunk)
+        parts, reply = [], first
+        while True:
+            data = base64.b64decode(reply["data_b64"])
+            if len(data) != reply["length"] or reply["sha256"] != first["sha256"]:
+                raise DecodeError(f"result of {job_id}: a chunk does not match its reply")
+            parts.append(data)
+            following = reply["next_offset"]
+            if following is None:
+                return _verified(first, b"".join(parts))
+            if following <= reply["offset"]:
+                raise DecodeError(f"result of {job_id}: next_offset {following} goes backwards")
+            reply = await self.result(
+                job_id, kind=kind, inline=True, offset=following, length=chunk
+            )
+
     async def dlq_list(
         self, *, job_id: str | None = None, limit: int | None = None, cursor: str | None = None
     ) -> dict[str, Any]:
@@ -125,3 +179,31 @@ class TesseraClient:
         """Delete one job's dead letters (or all of them); ``dry_run`` only counts."""
         body = {"job_id": job_id, "all": everything or None, "dry_run": dry_run}
         return await self.call(ApiVerb.DLQ_PURGE, body)
+
+
+def _verified(reply: dict[str, Any], data: bytes) -> bytes:
+    if len(data) != reply["size"] or sha256_hex(data) != reply["sha256"]:
+        raise CorruptObject(
+            f"result of {reply['job_id']}: got {len(data)} bytes with sha256 {sha256_hex(data)}, "
+            f"expected {reply['size']} bytes with sha256 {reply['sha256']}"
+        )
+    return data
+
+
+async def fetch_url(url: str, stall: float) -> bytes:
+    """The body of an HTTP GET (a presigned result URL); :class:`StoreUnavailable` on failure.
+
+    ``stall`` (seconds) bounds connecting and each read, not the whole (large) download.
+    """
+    limits = aiohttp.ClientTimeout(total=None, connect=stall, sock_read=stall)
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=limits) as http,
+            http.get(url, allow_redirects=False) as response,
+        ):
+            response.raise_for_status()
+            return await response.read()
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        # not str(exc): it would repeat the URL, signature and all
+        status = getattr(exc, "status", None)
+        raise StoreUnavailable(f"result URL: {type(exc).__name__} {status or ''}".strip()) from exc

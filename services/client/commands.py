@@ -1,8 +1,8 @@
 """Client commands of ``tessera``: submit, status, watch, get, list, cancel, retry, dlq.
 
 They read their settings from the environment (``Settings.from_env``: ``TESSERA_NATS_URL``,
-``TESSERA_OBJECT_STORE`` for ``get``, ``TESSERA_NAMESPACE`` ...; not ``TESSERA_DATABASE_URL``)
-and talk to the gateways over NATS.
+``TESSERA_NAMESPACE`` ...; neither ``TESSERA_DATABASE_URL`` nor the object store: ``get``
+downloads through the gateway) and talk to the gateways over NATS.
 
 Exit status, for scripts:
 
@@ -109,6 +109,11 @@ def _add_jobs(sub: Sub) -> None:
     p.add_argument("job", metavar="JOB", help="job id, as submit printed it")
     p.add_argument("-o", "--output", default=None, help="PNG path (default JOB.png)")
     p.add_argument("--float", default=None, metavar="PATH", help="also fetch the float image")
+    p.add_argument(
+        "--inline",
+        action="store_true",
+        help="download over NATS even where the store gives a presigned URL",
+    )
     p = _command(sub, "list", actions.list_jobs, "list jobs, newest first")
     p.add_argument(
         "--state",

@@ -100,7 +100,8 @@ def _describe(exc: TesseraError) -> str:
 def run_command(command: Command, *, timeout: float) -> int:
     """Run ``command`` on a fresh event loop with settings from the environment."""
     try:
-        settings = Settings.from_env(os.environ, database=False)  # clients never use it
+        # clients talk only to the gateways: no database, no object store
+        settings = Settings.from_env(os.environ, database=False, object_store=False)
     except ConfigError as exc:
         print(f"tessera: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -11,24 +11,25 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
 
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from proto.api_replies import Reply, encode_reply
 from proto.limits import MAX_REPLY_BYTES
 from proto.names import ApiVerb
-from proto.replies import ErrorCode, error_reply, ok_reply, reply_for_exception
+from proto.replies import ErrorCode, error_reply, reply_for_exception
 from services.gateway.dlq import DlqHandlers
 from services.gateway.handlers import Handlers
+from services.gateway.results import ResultHandlers
 from services.ops.requeue import Requeuer
 from shared.errors import RetryableError, TesseraError
 from shared.runtime import Runtime
 
 __all__ = ["Gateway", "Handler", "run"]
 
-Handler = Callable[[bytes, Mapping[str, str] | None], Awaitable[dict[str, Any]]]
-"""One verb: request body and headers in, the ok reply's fields out (or a TesseraError)."""
+Handler = Callable[[bytes, Mapping[str, str] | None], Awaitable[Reply]]
+"""One verb: request body and headers in, its reply schema out (or a TesseraError)."""
 
 
 class Gateway:
@@ -41,6 +42,8 @@ class Gateway:
         # half the server's max_payload at most: the reply's envelope and counts fit beside it
         budget = min(MAX_REPLY_BYTES, rt.nc.max_payload // 2)
         self.dlq = DlqHandlers(rt.js, rt.names, rt.log, requeuer=Requeuer(rt), reply_budget=budget)
+        ttl = rt.settings.tuning.result_url_ttl
+        self.results = ResultHandlers(rt.db, rt.store, reply_budget=budget, url_ttl=ttl)
         self.routes: dict[str, Handler] = {
             rt.names.api_subject(verb): handler for verb, handler in self._verbs().items()
         }
@@ -56,6 +59,7 @@ class Gateway:
             ApiVerb.LIST: h.list,
             ApiVerb.CANCEL: h.cancel,
             ApiVerb.RETRY: h.retry,
+            ApiVerb.RESULT: self.results.result,
             ApiVerb.DLQ_LIST: d.list,
             ApiVerb.DLQ_SHOW: d.show,
             ApiVerb.DLQ_REQUEUE: d.requeue,
@@ -109,7 +113,7 @@ class Gateway:
         if handler is None:
             return error_reply(ErrorCode.BAD_REQUEST, f"{subject}: not an API subject")
         try:
-            fields = await handler(data, headers)
+            reply = encode_reply(await handler(data, headers))
         except TesseraError as exc:
             if isinstance(exc, RetryableError):
                 self.rt.log.warning("request failed, retryable", subject=subject, error=str(exc))
@@ -117,7 +121,6 @@ class Gateway:
         except Exception:
             self.rt.log.error("handler raised", exc=True, subject=subject)
             return error_reply(ErrorCode.INTERNAL, "internal error (logged by the gateway)")
-        reply = ok_reply(**fields)
         if len(reply) > self.rt.nc.max_payload:  # a handler that forgot its bound: say so
             self.rt.log.error("reply too large", subject=subject, size=len(reply))
             return error_reply(

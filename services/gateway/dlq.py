@@ -37,43 +37,62 @@ from proto.api import (
     DlqShowRequest,
     decode_request,
 )
+from proto.api_replies import (
+    DeadLetterDetail,
+    DeadLetterView,
+    DlqListReply,
+    DlqPurgeReply,
+    DlqRequeueReply,
+    DlqShowReply,
+    RequeueView,
+    reply_fields,
+)
 from proto.limits import MAX_REPLY_BYTES, MAX_VIEW_ERROR
 from proto.messages import DeadLetter
 from proto.names import DLQ_UNIT_JOB, STREAM_DLQ, Names
-from services.gateway.views import within_budget
+from services.gateway.views import iso, within_budget
 from services.ops.pacing import Pacer
 from services.ops.requeue import SKIP, Plan, Requeuer
 from shared.errors import DecodeError, NotFoundError, TerminalError, ValidationError
 from shared.jetstream import retry_transient
 from shared.logs import Log
 
-__all__ = ["DlqHandlers", "dead_letter_view"]
+__all__ = ["DlqHandlers", "dead_letter_detail", "dead_letter_view"]
 
 Headers = Mapping[str, str] | None
 READ_TIMEOUT = 5.0
 
 
-def dead_letter_view(raw: api.RawStreamMsg, *, payload: bool = False) -> dict[str, Any]:
-    """A dead letter as reply fields; ``payload`` adds the original bytes as base64."""
-    view: dict[str, Any] = {"seq": raw.seq, "subject": raw.subject}
-    view["time"] = raw.time.isoformat() if raw.time else None
+def dead_letter_view(raw: api.RawStreamMsg) -> DeadLetterView:
+    """A dead letter as it appears in ``dlq.list`` (its error cut short)."""
+    return DeadLetterView(**_view_fields(raw, whole=False)[0])
+
+
+def dead_letter_detail(raw: api.RawStreamMsg) -> DeadLetterDetail:
+    """A dead letter as ``dlq.show`` has it: the whole error and the original bytes (base64)."""
+    fields, letter = _view_fields(raw, whole=True)
+    payload = None if letter is None else base64.b64encode(letter.payload).decode()
+    return DeadLetterDetail(**fields, payload_b64=payload)
+
+
+def _view_fields(raw: api.RawStreamMsg, *, whole: bool) -> tuple[dict[str, Any], DeadLetter | None]:
+    where = {"seq": raw.seq or 0, "subject": raw.subject or "", "time": iso(raw.time)}
     try:
         letter = DeadLetter.decode(raw.data or b"")
     except DecodeError as exc:  # a foreign message in our stream: show it, do not fail the page
-        return view | {"malformed": str(exc)}
-    view |= {
+        empty = dict.fromkeys(f for f in reply_fields(DeadLetterView) if f not in where)
+        return empty | where | {"malformed": str(exc)}, None
+    return where | {
+        "malformed": None,
         "job_id": letter.job_id,
         "unit": letter.unit,
         "reason": letter.reason,
-        "error": letter.error if payload else _cut(letter.error),
+        "error": letter.error if whole else _cut(letter.error),
         "source_stream": letter.source_stream,
         "source_seq": letter.source_seq,
         "deliveries": letter.deliveries,
         "original_subject": letter.subject,
-    }
-    if payload:
-        view["payload_b64"] = base64.b64encode(letter.payload).decode()
-    return view
+    }, letter
 
 
 class DlqHandlers:
@@ -111,11 +130,11 @@ class DlqHandlers:
 
         return await retry_transient("DLQ read", attempt, timeout_total=READ_TIMEOUT)
 
-    async def list(self, data: bytes, headers: Headers) -> dict[str, Any]:
+    async def list(self, data: bytes, headers: Headers) -> DlqListReply:
         """``tessera.api.dlq.list``: dead letters oldest first; ``next_cursor`` null at the end."""
         request = decode_request(data, headers, DlqListRequest)
         seq = _cursor_seq(request.cursor) + 1
-        subject, views, used, more = self._filter(request.job_id), list[dict[str, Any]](), 0, False
+        subject, views, used, more = self._filter(request.job_id), list[DeadLetterView](), 0, False
         while True:
             raw = await self._next(seq, subject)
             if raw is None or raw.seq is None:
@@ -127,20 +146,17 @@ class DlqHandlers:
                 break
             views.append(view)
             seq = raw.seq + 1
-        return {
-            "dead_letters": views,
-            "next_cursor": str(views[-1]["seq"]) if more else None,
-        }
+        return DlqListReply(dead_letters=views, next_cursor=str(views[-1].seq) if more else None)
 
-    async def show(self, data: bytes, headers: Headers) -> dict[str, Any]:
+    async def show(self, data: bytes, headers: Headers) -> DlqShowReply:
         """``tessera.api.dlq.show``: one dead letter, with its original payload."""
         request = decode_request(data, headers, DlqShowRequest)
         raw = await self._next(request.seq, self.names.dlq_subjects)
         if raw is None or raw.seq != request.seq:
             raise NotFoundError(f"dead letter {request.seq} does not exist")
-        return {"dead_letter": dead_letter_view(raw, payload=True)}
+        return DlqShowReply(dead_letter=dead_letter_detail(raw))
 
-    async def requeue(self, data: bytes, headers: Headers) -> dict[str, Any]:
+    async def requeue(self, data: bytes, headers: Headers) -> DlqRequeueReply:
         """``tessera.api.dlq.requeue``: requeue matching dead letters at ``rate`` per second.
 
         Replies ``dead_letters`` (each with ``action`` requeue/replay/skip, ``why``, ``done``),
@@ -167,18 +183,18 @@ class DlqHandlers:
             plans.append(plan)
         acted = [p for p in plans if p.action != SKIP]
         views = within_budget(
-            (p.view() | {"error": _cut(p.error)} for p in plans), self.reply_budget
+            (RequeueView(**p.view() | {"error": _cut(p.error)}) for p in plans), self.reply_budget
         )
-        return {
-            "dry_run": request.dry_run,
-            "requeued": len(acted),
-            "skipped": len(plans) - len(acted),
-            "examined": len(plans),
-            "dead_letters": views,
-            "omitted": len(plans) - len(views),
-        }
+        return DlqRequeueReply(
+            dry_run=request.dry_run,
+            requeued=len(acted),
+            skipped=len(plans) - len(acted),
+            examined=len(plans),
+            dead_letters=views,
+            omitted=len(plans) - len(views),
+        )
 
-    async def purge(self, data: bytes, headers: Headers) -> dict[str, Any]:
+    async def purge(self, data: bytes, headers: Headers) -> DlqPurgeReply:
         """``tessera.api.dlq.purge``: delete one job's dead letters (or all); ``dry_run`` counts.
 
         ``purged`` is the count just before the purge (JetStream's own count is not exposed by
@@ -200,7 +216,7 @@ class DlqHandlers:
             await retry_transient("DLQ purge", purge, timeout_total=READ_TIMEOUT)
             self.log.warning("dead letters purged", job_id=request.job_id, count=matched)
         purged = 0 if request.dry_run else matched
-        return {"purged": purged, "matched": matched, "dry_run": request.dry_run}
+        return DlqPurgeReply(purged=purged, matched=matched, dry_run=request.dry_run)
 
 
 def _cut(text: str) -> str:

@@ -1,9 +1,10 @@
 """The job verbs: submit, status, list, cancel, retry.
 
-Each handler takes the raw request (body and headers) and returns the ok reply's fields, or
-raises a :class:`~shared.errors.TesseraError` that :func:`proto.replies.reply_for_exception`
-turns into the error reply. Everything that can refuse a request (decoding, limits, the kernel's
-scene validation) runs before the first write, so a refused request writes nothing.
+Each handler takes the raw request (body and headers) and returns its verb's reply schema
+(:mod:`proto.api_replies`), or raises a :class:`~shared.errors.TesseraError` that
+:func:`proto.replies.reply_for_exception` turns into the error reply. Everything that can refuse
+a request (decoding, limits, the kernel's scene validation) runs before the first write, so a
+refused request writes nothing.
 
 Publishing after a database write is the one gap a crash can open; both writes that need a
 message are made replayable instead of atomic. A job is ``queued`` exactly until the scheduler
@@ -21,6 +22,7 @@ from typing import Any
 from nats.js import JetStreamContext
 
 from proto.api import JobRequest, ListRequest, SubmitRequest, decode_request
+from proto.api_replies import CancelReply, ListReply, RetryReply, StatusReply, SubmitReply
 from proto.idempotency import idempotency_key, request_fingerprint, scene_hash
 from proto.messages import JobEvent, JobMessage
 from proto.names import EventKind, Names, event_msg_id, job_msg_id, new_job_id
@@ -77,7 +79,7 @@ class Handlers:
         #: submits answered with an existing job (the same logical request seen again)
         self.duplicate_submits = 0
 
-    async def submit(self, data: bytes, headers: Headers) -> dict[str, Any]:
+    async def submit(self, data: bytes, headers: Headers) -> SubmitReply:
         """``tessera.api.submit``: create the job once per idempotency key and queue it."""
         request = decode_request(data, headers, SubmitRequest)
         checked = await check_submission(request)
@@ -90,14 +92,14 @@ class Handlers:
             await self._publish_job(job)
         log = self.log.bind(job_id=job.job_id, idempotency_key=job.idempotency_key)
         log.info("job submitted" if result.created else "duplicate submit", state=job.state.value)
-        return {
-            "job_id": job.job_id,
-            "created": result.created,
-            "duplicate": not result.created,
-            "state": job.state.value,
-            "idempotency_key": job.idempotency_key,
-            "input_hash": job.input_hash,
-        }
+        return SubmitReply(
+            job_id=job.job_id,
+            created=result.created,
+            duplicate=not result.created,
+            state=job.state.value,
+            idempotency_key=job.idempotency_key,
+            input_hash=job.input_hash,
+        )
 
     async def _publish_job(self, job: Job) -> None:
         message = JobMessage(job.job_id, generation=job.generation)
@@ -117,13 +119,13 @@ class Handlers:
             raise NotFoundError(f"job {job_id} does not exist")
         return job
 
-    async def status(self, data: bytes, headers: Headers) -> dict[str, Any]:
+    async def status(self, data: bytes, headers: Headers) -> StatusReply:
         """``tessera.api.status``: state, progress, result and last error of one job."""
         request = decode_request(data, headers, JobRequest)
         job = await self._job(request.job_id)
         return job_status(job, await self.db.tile_counts(job.job_id))
 
-    async def list(self, data: bytes, headers: Headers) -> dict[str, Any]:
+    async def list(self, data: bytes, headers: Headers) -> ListReply:
         """``tessera.api.list``: a page of jobs, newest first; ``next_cursor`` null at the end."""
         request = decode_request(data, headers, ListRequest)
         # one extra row tells whether a next page exists (the store caps a read at MAX_LIST)
@@ -131,20 +133,20 @@ class Handlers:
         jobs = await self.db.list_jobs(state=request.state, limit=fetch, before=request.cursor)
         page = jobs[: request.limit]
         more = len(jobs) > request.limit or len(jobs) == fetch == request.limit
-        return {
-            "jobs": [job_summary(job) for job in page],
-            "next_cursor": page[-1].job_id if more else None,
-        }
+        return ListReply(
+            jobs=[job_summary(job) for job in page],
+            next_cursor=page[-1].job_id if more else None,
+        )
 
-    async def cancel(self, data: bytes, headers: Headers) -> dict[str, Any]:
+    async def cancel(self, data: bytes, headers: Headers) -> CancelReply:
         """``tessera.api.cancel``: flag the job; workers stop at their next pass."""
         request = decode_request(data, headers, JobRequest)
         job = await self.db.request_cancel(request.job_id)
         await self._publish_event(job, EventKind.JOB_CANCELLED, "cancel requested")
         self.log.info("cancel requested", job_id=job.job_id, state=job.state.value)
-        return {"job_id": job.job_id, "state": job.state.value, "cancel_requested": True}
+        return CancelReply(job_id=job.job_id, state=job.state.value, cancel_requested=True)
 
-    async def retry(self, data: bytes, headers: Headers) -> dict[str, Any]:
+    async def retry(self, data: bytes, headers: Headers) -> RetryReply:
         """``tessera.api.retry``: re-queue a failed or dead-lettered job as a new generation."""
         request = decode_request(data, headers, JobRequest)
         try:
@@ -157,9 +159,6 @@ class Handlers:
         await self._publish_job(job)
         await self._publish_event(job, EventKind.JOB_RETRIED, f"generation {job.generation}")
         self.log.info("job retried", job_id=job.job_id, generation=job.generation)
-        return {
-            "job_id": job.job_id,
-            "state": job.state.value,
-            "generation": job.generation,
-            "replayed": replayed,
-        }
+        return RetryReply(
+            job_id=job.job_id, state=job.state.value, generation=job.generation, replayed=replayed
+        )

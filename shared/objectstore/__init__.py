@@ -25,7 +25,7 @@ from shared.objectstore.base import (
     sha256_hex,
 )
 from shared.objectstore.directory import DirectoryStore
-from shared.objectstore.keys import checkpoint_key, render_key, tile_result_key
+from shared.objectstore.keys import checkpoint_key, render_key, render_sha256, tile_result_key
 from shared.objectstore.s3 import S3Store
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "checkpoint_key",
     "open_object_store",
     "render_key",
+    "render_sha256",
     "sha256_hex",
     "tile_result_key",
 ]
@@ -49,7 +50,10 @@ async def open_object_store(settings: ObjectStoreSettings) -> ObjectStore:
     """The store ``settings`` names (``file``: a directory; ``s3``: a bucket)."""
     if settings.kind == "file":
         if not settings.path:
-            raise ConfigError("TESSERA_OBJECT_STORE: file:// needs an absolute directory")
+            raise ConfigError(
+                "TESSERA_OBJECT_STORE is not set (or file:// has no absolute directory): "
+                "this command reads the object store directly"
+            )
         return await DirectoryStore.open(Path(settings.path))
     if settings.kind == "s3":
         return await S3Store.open(settings)

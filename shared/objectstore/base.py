@@ -121,6 +121,22 @@ class ObjectStore(ABC):
         ``sha256`` is given (or was recorded at ``put``) and the bytes do not match."""
 
     @abstractmethod
+    async def size(self, key: str) -> int:
+        """Bytes of the object; :class:`NotFoundError` if absent."""
+
+    @abstractmethod
+    async def get_range(self, key: str, offset: int, length: int) -> bytes:
+        """Up to ``length`` bytes from ``offset`` (fewer at the end; none past it).
+
+        Not verified: a caller checks the whole object's sha256 once it has every range.
+        """
+
+    async def presign_get(self, key: str, expires: int) -> str | None:
+        """An HTTP GET URL for the object valid ``expires`` seconds, or None if this store
+        cannot sign one (the directory store). Signing checks nothing; call :meth:`size` first."""
+        return None
+
+    @abstractmethod
     async def exists(self, key: str) -> bool:
         """Whether an object is stored under ``key``."""
 

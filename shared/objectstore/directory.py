@@ -70,6 +70,24 @@ class DirectoryStore(ObjectStore):
             raise NotFoundError(f"object {key} does not exist")
         return verify(key, data, sha256)
 
+    async def size(self, key: str) -> int:
+        path = self.path_of(key)
+        with _os_errors(f"size {key}"):
+            size = await asyncio.to_thread(_file_size, path)
+        if size is None:
+            raise NotFoundError(f"object {key} does not exist")
+        return size
+
+    async def get_range(self, key: str, offset: int, length: int) -> bytes:
+        path = self.path_of(key)
+        if offset < 0 or length < 0:
+            raise ValidationError(f"range {offset}+{length} of {key}: negative")
+        with _os_errors(f"get {key} [{offset}+{length}]"):
+            data = await asyncio.to_thread(_read_range, path, offset, length)
+        if data is None:
+            raise NotFoundError(f"object {key} does not exist")
+        return data
+
     async def exists(self, key: str) -> bool:
         path = self.path_of(key)
         with _os_errors(f"exists {key}"):
@@ -153,6 +171,23 @@ def _read_file(path: Path) -> bytes | None:
         return path.read_bytes()
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None  # a directory or a path through a file is not an object either
+
+
+def _file_size(path: Path) -> int | None:
+    try:
+        st = path.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return st.st_size if path.is_file() else None
+
+
+def _read_range(path: Path, offset: int, length: int) -> bytes | None:
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            return f.read(length)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
 
 
 def _delete_file(path: Path) -> None:

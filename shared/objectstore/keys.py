@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from proto.names import check_index, check_token
 from shared.errors import ValidationError
-from shared.objectstore.base import check_sha256
+from shared.objectstore.base import SHA256_RE, check_sha256
 
 RENDER_EXTENSIONS = frozenset({"png", "npy"})
 
@@ -38,6 +38,15 @@ def tile_result_key(job_id: str, tile_index: int, sha256: str) -> str:
     job = check_token(job_id, "job_id")
     tile = check_index(tile_index, "tile_index")
     return f"tiles/{job}/{tile}/{check_sha256(sha256)}.npy"
+
+
+def render_sha256(key: str) -> str | None:
+    """The content hash a :func:`render_key` carries (None for a key not built by it)."""
+    name = key.rpartition("/")[2]
+    digest = name.partition(".")[0]
+    if not key.startswith("renders/") or SHA256_RE.fullmatch(digest) is None:
+        return None
+    return digest
 
 
 def render_key(job_id: str, sha256: str, ext: str) -> str:

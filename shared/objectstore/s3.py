@@ -31,7 +31,13 @@ from botocore.exceptions import (
 )
 
 from shared.config import ObjectStoreSettings
-from shared.errors import ConfigError, NotFoundError, StoreUnavailable, TesseraError
+from shared.errors import (
+    ConfigError,
+    NotFoundError,
+    StoreUnavailable,
+    TesseraError,
+    ValidationError,
+)
 from shared.objectstore.base import (
     CorruptObject,
     ObjectInfo,
@@ -128,6 +134,39 @@ class S3Store(ObjectStore):
         if recorded is not None and recorded != sha256_hex(data):
             raise CorruptObject(f"object {key}: content does not match its recorded sha256")
         return verify(key, data, sha256)
+
+    async def size(self, key: str) -> int:
+        check_key(key)
+        with _translate(f"size {key}"):
+            head = await self._client.head_object(Bucket=self.bucket, Key=key)
+        return int(head["ContentLength"])
+
+    async def get_range(self, key: str, offset: int, length: int) -> bytes:
+        check_key(key)
+        if offset < 0 or length < 0:
+            raise ValidationError(f"range {offset}+{length} of {key}: negative")
+        if length == 0:
+            return b""
+        try:
+            with _translate(f"get {key} [{offset}+{length}]"):
+                reply = await self._client.get_object(
+                    Bucket=self.bucket, Key=key, Range=f"bytes={offset}-{offset + length - 1}"
+                )
+                async with reply["Body"] as body:
+                    data: bytes = await body.read()
+        except StoreRejected:  # 416: the range starts past the end (like a file read there)
+            if offset >= await self.size(key):
+                return b""
+            raise
+        return data
+
+    async def presign_get(self, key: str, expires: int) -> str | None:
+        check_key(key)
+        with _translate(f"presign {key}"):
+            url: str = await self._client.generate_presigned_url(
+                "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=expires
+            )
+        return url
 
     async def exists(self, key: str) -> bool:
         check_key(key)

@@ -49,6 +49,7 @@ VALID: dict[ApiVerb, dict[str, Any]] = {
     ApiVerb.DLQ_SHOW: {"seq": 1},
     ApiVerb.DLQ_PURGE: {"job_id": "01a2b3c4-0000-7000-8000-000000000000", "dry_run": True},
     ApiVerb.DLQ_REQUEUE: {"job_id": "01a2b3c4-0000-7000-8000-000000000000", "dry_run": True},
+    ApiVerb.RESULT: {"job_id": "01a2b3c4-0000-7000-8000-000000000000", "kind": "png"},
 }
 
 nasty_scalars = st.one_of(

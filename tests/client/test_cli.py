@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from services import cli
 from services.client.commands import EPILOG
 from services.gateway.app import Gateway
 from shared.lifecycle import JobTrigger
-from shared.objectstore import open_object_store
+from shared.objectstore import open_object_store, sha256_hex
 from shared.procs import free_port
 from shared.runtime import Runtime
 from tests.client.conftest import CliRunner
@@ -226,3 +227,36 @@ async def test_gc_and_top_without_a_database_url_are_configuration_errors(
         result = await tessera(*argv)
         assert result.status == 2, result
         assert "TESSERA_DATABASE_URL is not set" in result.err and "Traceback" not in result.err
+
+
+async def test_get_needs_no_object_store_settings(
+    gateway: Gateway,
+    runtime: Runtime,
+    tessera: CliRunner,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    job_id = (await tessera("submit", "cornell", *SMALL)).out.strip()
+    png, floats = os.urandom(900_000), os.urandom(1000)  # the PNG takes three chunks
+    await _complete(runtime, job_id, png, floats)
+    monkeypatch.delenv("TESSERA_OBJECT_STORE")
+    out, flt = tmp_path / "out.png", tmp_path / "out.npy"
+    result = await tessera("get", job_id, "-o", str(out), "--float", str(flt), "--inline")
+    assert result.status == 0, result.err
+    assert out.read_bytes() == png and flt.read_bytes() == floats
+    gc = await tessera("gc", "--dry-run")  # a command that does read the store says so
+    assert gc.status == 2 and "TESSERA_OBJECT_STORE is not set" in gc.err, gc.err
+
+
+async def _complete(runtime: Runtime, job_id: str, png: bytes, floats: bytes) -> None:
+    sha = await runtime.store.put(f"renders/{job_id}/{sha256_hex(png)}.png", png)
+    float_key = f"renders/{job_id}/{sha256_hex(floats)}.npy"
+    await runtime.store.put(float_key, floats)
+    for trigger in (JobTrigger.TILES_PLANNED, JobTrigger.ALL_TILES_DONE):
+        await runtime.db.transition_job(job_id, trigger)
+    await runtime.db.complete_job(
+        job_id,
+        result_location=f"renders/{job_id}/{sha}.png",
+        result_sha256=sha,
+        float_location=float_key,
+    )

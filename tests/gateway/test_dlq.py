@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from proto.api_replies import DlqListReply
 from proto.limits import MAX_REPLY_BYTES, MAX_VIEW_ERROR
 from proto.messages import DeadLetter, TileMessage
 from proto.names import STREAM_TILES, ApiVerb, dlq_msg_id, dlq_unit_tile, new_job_id
@@ -134,8 +135,8 @@ async def test_a_reply_over_max_payload_becomes_a_clear_error(
     """The net under every handler: an oversized reply is answered, never dropped."""
     subject = runtime.names.api_subject(ApiVerb.STATUS)
 
-    async def huge(data: bytes, headers: object) -> dict[str, object]:
-        return {"blob": "x" * (runtime.nc.max_payload + 1)}
+    async def huge(data: bytes, headers: object) -> DlqListReply:
+        return DlqListReply(dead_letters=[], next_cursor="x" * (runtime.nc.max_payload + 1))
 
     gateway.routes[subject] = huge
     reply = orjson.loads(await gateway.dispatch(subject, b"{}", None))

@@ -8,6 +8,7 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from proto.api import SubmitRequest
+from proto.api_replies import StatusReply
 from proto.messages import JobEvent, JobMessage
 from proto.names import STREAM_EVENTS, STREAM_JOBS, ApiVerb, EventKind, Names, new_job_id
 from proto.replies import ApiError
@@ -113,7 +114,7 @@ async def test_retry_of_a_completed_or_cancelled_job_is_illegal(
 async def test_the_gateway_survives_a_handler_raising(
     gateway: Gateway, runtime: Runtime, client: TesseraClient
 ) -> None:
-    async def broken(data: bytes, headers: object) -> dict[str, object]:
+    async def broken(data: bytes, headers: object) -> StatusReply:
         raise RuntimeError("boom")
 
     subject = runtime.names.api_subject(ApiVerb.STATUS)

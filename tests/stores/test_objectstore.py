@@ -12,6 +12,8 @@ import os
 import sys
 import textwrap
 import time
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -77,6 +79,21 @@ async def test_round_trip(store: ObjectStore, prefix: str) -> None:
     assert await store.get(key) == data
     assert await store.get(key, sha256=digest) == data
     assert await store.exists(key)
+
+
+async def test_size_and_ranges(store: ObjectStore, prefix: str) -> None:
+    data = os.urandom(3000)
+    key = prefix + "ranged.png"
+    await store.put(key, data)
+    assert await store.size(key) == 3000
+    assert await store.get_range(key, 0, 1000) == data[:1000]
+    assert await store.get_range(key, 1000, 1500) == data[1000:2500]
+    assert await store.get_range(key, 2500, 1000) == data[2500:], "fewer bytes at the end"
+    assert await store.get_range(key, 3000, 10) == b"", "nothing at the end"
+    assert await store.get_range(key, 5000, 10) == b"", "nothing past the end"
+    for call in (store.size(prefix + "none.png"), store.get_range(prefix + "none.png", 0, 1)):
+        with pytest.raises(NotFoundError):
+            await call
 
 
 async def test_overwrite_replaces_the_whole_object(store: ObjectStore, prefix: str) -> None:
@@ -268,6 +285,53 @@ async def test_s3_recorded_checksum_catches_a_substituted_object(
         )
         with pytest.raises(CorruptObject):
             await store.get(key)
+
+
+async def test_s3_presigned_url_serves_the_object_without_credentials(
+    seaweed: SeaweedS3, prefix: str
+) -> None:
+    data = os.urandom(5000)
+    async with await S3Store.open(s3_settings(seaweed.endpoint)) as store:
+        key = prefix + "signed.png"
+        await store.put(key, data)
+        url = await store.presign_get(key, 60)
+    assert url is not None and url.startswith(seaweed.endpoint)
+    body = await asyncio.to_thread(_http_get, url)  # a plain HTTP GET, no S3 client
+    assert body == data
+    with pytest.raises(urllib.error.HTTPError) as refused:  # the signature covers the key
+        await asyncio.to_thread(_http_get, url.replace("signed.png", "other.png"))
+    refused.value.close()
+    assert refused.value.code == 403
+
+
+async def test_s3_presigned_url_expires(seaweed: SeaweedS3, prefix: str) -> None:
+    async with await S3Store.open(s3_settings(seaweed.endpoint)) as store:
+        key = prefix + "brief.png"
+        await store.put(key, b"short-lived")
+        url = await store.presign_get(key, 1)
+    assert url is not None and await asyncio.to_thread(_http_get, url) == b"short-lived"
+
+    async def refused() -> bool:
+        try:
+            await asyncio.to_thread(_http_get, url)
+        except urllib.error.HTTPError as exc:
+            exc.close()
+            return exc.code == 403
+        return False
+
+    await wait_for_async(refused, timeout=15, what="the 1 s URL is refused once it expired")
+
+
+def _http_get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        data: bytes = response.read()
+    return data
+
+
+async def test_directory_store_cannot_presign(tmp_path: Path) -> None:
+    store = await DirectoryStore.open(tmp_path)
+    await store.put("a/b.png", b"x")
+    assert await store.presign_get("a/b.png", 60) is None
 
 
 async def test_s3_unreachable_endpoint_is_unavailable_quickly() -> None:
