@@ -140,6 +140,10 @@ class Metrics:
         self.republished = Counter(
             "tessera_sweeper_republished", "Lost tiles re-published by the sweeper", registry=r
         )
+        self.gateway_busy = Counter(
+            "tessera_gateway_busy",
+            "Requests answered busy because their intake lane was full", ["lane"], registry=r,
+        )  # fmt: skip
 
     def published(self, ack: api.PubAck) -> api.PubAck:
         """Count a JetStream PubAck the server marked duplicate; returns ``ack``."""
