@@ -27,8 +27,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ import nats.errors
 import orjson
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.aio.subscription import DEFAULT_SUB_PENDING_BYTES_LIMIT, DEFAULT_SUB_PENDING_MSGS_LIMIT
 
 import kernel
 from proto.api import SubmitRequest
@@ -74,8 +75,8 @@ class _InlineIntake(Intake):
     def lane_for(self, size: int) -> Lane:
         return self.small
 
-    def pending_limits(self, max_payload: int) -> dict[str, int]:
-        return {}
+    def pending_limits(self, max_payload: int) -> tuple[int, int]:
+        return DEFAULT_SUB_PENDING_MSGS_LIMIT, DEFAULT_SUB_PENDING_BYTES_LIMIT
 
     async def offload(self, fn: Callable[..., T], *args: Any) -> T:
         return fn(*args)
@@ -132,9 +133,9 @@ def _outcome(data: bytes) -> str:
     return "ok" if body.get("ok") else str(body["error"]["code"])
 
 
-async def _one(nc: NATS, subject: str, data: bytes, timeout: float) -> str:
+async def _one(nc: NATS, subject: str, data: bytes, wait: float) -> str:
     try:
-        msg = await nc.request(subject, data, timeout=timeout)
+        msg = await nc.request(subject, data, timeout=wait)
     except nats.errors.NoRespondersError:
         return "no_responders"
     except (TimeoutError, nats.errors.TimeoutError):
@@ -152,7 +153,7 @@ async def _poll_status(
     loop = asyncio.get_running_loop()
     while not stop.is_set():
         started = loop.time()
-        outcome = await _one(nc, subject, data, timeout=5.0)
+        outcome = await _one(nc, subject, data, wait=5.0)
         result.statuses[outcome] += 1
         if outcome == "ok":
             result.status_latency.append(loop.time() - started)
@@ -160,11 +161,13 @@ async def _poll_status(
 
 
 async def run_burst(
-    burst_nc: NATS, status_nc: NATS, names: Names, *, requests: int, timeout: float = 30.0
+    burst_nc: NATS, status_nc: NATS, names: Names, *, requests: int, wait: float = 30.0
 ) -> BurstResult:
     """Fire ``requests`` large submits at once from ``burst_nc`` while ``status_nc`` polls."""
     client = TesseraClient(status_nc, names, timeout=10)
-    job = await client.submit(SubmitRequest(project="bench", scene="cornell", width=16, height=16, spp=1))
+    job = await client.submit(
+        SubmitRequest(project="bench", scene="cornell", width=16, height=16, spp=1)
+    )
     body = SubmitRequest(project="bench", scene=big_scene(), width=64, height=48, spp=1).to_body()
     data = orjson.dumps(body)
     result = BurstResult()
@@ -174,7 +177,7 @@ async def run_burst(
     started = time.perf_counter()
     try:
         outcomes = await asyncio.gather(
-            *(_one(burst_nc, subject, data, timeout) for _ in range(requests))
+            *(_one(burst_nc, subject, data, wait) for _ in range(requests))
         )
     finally:
         result.burst_seconds = time.perf_counter() - started
@@ -188,8 +191,6 @@ def _serve(mode: str) -> int:
     cls = LegacyGateway if mode == "legacy" else Gateway
 
     async def body(rt: Runtime, stop: asyncio.Event) -> None:
-        if os.environ.get("SWITCH"):
-            sys.setswitchinterval(float(os.environ["SWITCH"]))
         gateway = cls(rt)
         await gateway.start()
         try:
@@ -210,9 +211,9 @@ async def _measure(stack: Stack, mode: str, requests: int, log_dir: Path) -> Non
     env |= {"TESSERA_DATABASE_URL": stack.postgres.dsn, "TESSERA_LOG_LEVEL": "INFO"}
     env |= {"TESSERA_OBJECT_STORE": f"file://{stack.objects_dir}"}
     argv = [sys.executable, "-m", "bench.gateway_burst", "--serve", mode]
-    if os.environ.get("PROFILE"):
-        argv[1:1] = ["-m", "cProfile", "-o", f"/tmp/gw-{mode}.prof"]
-    proc = ManagedProcess(f"gateway-{mode}", argv, log_dir / f"gateway-{mode}.log", env=os.environ | env)
+    proc = ManagedProcess(
+        f"gateway-{mode}", argv, log_dir / f"gateway-{mode}.log", env=os.environ | env
+    )
     nats_log = stack.nats.proc
     nats_start = len(nats_log.log_since_start())
     proc.start()
@@ -251,10 +252,12 @@ def _report(mode: str, requests: int, r: BurstResult, trouble: list[str]) -> Non
 
 
 async def _main(args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory(prefix="tessera-bench-burst-") as tmp:
-        with Stack(Path(tmp) / "stack", durable=False) as stack:
-            for mode in args.modes:
-                await _measure(stack, mode, args.requests, Path("/tmp/gwlogs"))
+    with (
+        tempfile.TemporaryDirectory(prefix="tessera-bench-burst-") as tmp,
+        Stack(Path(tmp) / "stack", durable=False) as stack,
+    ):
+        for mode in args.modes:
+            await _measure(stack, mode, args.requests, Path(tmp) / "logs")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -68,10 +68,14 @@ class Gateway:
 
     async def start(self) -> None:
         """Subscribe to every verb in the shared queue group; requests flow once this returns."""
-        limits = self.intake.pending_limits(self.rt.nc.max_payload)
+        msgs, size = self.intake.pending_limits(self.rt.nc.max_payload)
         for subject in self.routes:
             sub = await self.rt.nc.subscribe(
-                subject, queue=self.rt.names.queue_group, cb=self._on_msg, **limits
+                subject,
+                queue=self.rt.names.queue_group,
+                cb=self._on_msg,
+                pending_msgs_limit=msgs,
+                pending_bytes_limit=size,
             )
             self._subs.append(sub)
         await self.rt.nc.flush()

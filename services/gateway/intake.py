@@ -70,7 +70,7 @@ class Lane:
 
     def retry_after(self) -> float:
         """Seconds until a place is likely free: the lane's backlog at its recent pace."""
-        wait = self.mean_seconds * self.capacity / self.parallel
+        wait = self.mean_seconds * self.capacity / max(1, self.parallel)
         return round(min(MAX_RETRY_AFTER, max(MIN_RETRY_AFTER, wait)), 3)
 
 
@@ -78,7 +78,7 @@ class Intake:
     """The two lanes of one gateway and the worker processes of the large one."""
 
     def __init__(self, *, slots: int = 64, large_slots: int = 8, large_workers: int = 1) -> None:
-        self.small = Lane("small", slots, slots)
+        self.small = Lane("small", slots, max(1, slots))
         self.large = Lane("large", large_slots, large_workers)
         self._workers = large_workers
         self._pool: ProcessPoolExecutor | None = None
@@ -87,16 +87,13 @@ class Intake:
         """The lane of a request body of ``size`` bytes."""
         return self.large if size >= LARGE_BODY_BYTES else self.small
 
-    def pending_limits(self, max_payload: int) -> dict[str, int]:
-        """nats-py pending limits of one subscription.
+    def pending_limits(self, max_payload: int) -> tuple[int, int]:
+        """nats-py pending limits of one subscription: messages, bytes.
 
         Admission never waits, so the buffer only holds what one read of the socket delivered:
         at most every place of both lanes several times over, and two of the largest messages.
         """
-        return {
-            "pending_msgs_limit": 32 * (self.small.capacity + self.large.capacity),
-            "pending_bytes_limit": 2 * max_payload,
-        }
+        return 32 * (self.small.capacity + self.large.capacity), 2 * max_payload
 
     async def offload(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` in a worker process (``fn`` and its arguments must pickle).

@@ -226,3 +226,31 @@ async def test_gc_and_top_without_a_database_url_are_configuration_errors(
         result = await tessera(*argv)
         assert result.status == 2, result
         assert "TESSERA_DATABASE_URL is not set" in result.err and "Traceback" not in result.err
+
+
+def _mesh_scene(vertices: int) -> dict[str, object]:
+    scene = kernel.builtin_scene("cornell")
+    verts = [
+        [50.0 + (i % 97) * 0.01, 40.0 + (i // 97) * 0.01, 80.123456789] for i in range(vertices)
+    ]
+    tris = [[i, i + 1, i + 2] for i in range(vertices - 2)]
+    scene["meshes"] = [{"vertices": verts, "indices": tris, "material": "white"}]
+    return scene
+
+
+async def test_a_scene_within_the_limits_is_sent_and_an_oversize_one_is_a_usage_error(
+    gateway: Gateway, tessera: CliRunner, tmp_path: Path
+) -> None:
+    """Issue 14: a 1.4 MB scene died with a MaxPayloadError traceback (exit 1)."""
+    path = tmp_path / "mesh.json"
+    path.write_text(json.dumps(_mesh_scene(20_000)))
+    assert 1_300_000 < path.stat().st_size < 2_000_000
+    result = await tessera("submit", str(path), *SMALL)
+    assert result.status == 0, result.err
+    big = tmp_path / "huge.json"
+    big.write_text(json.dumps(_mesh_scene(150_000)))
+    assert big.stat().st_size > 5 * 1024 * 1024
+    refused = await tessera("submit", str(big), *SMALL)
+    assert refused.status == 2, refused.err
+    assert "above the API limit of 5242880 bytes" in refused.err
+    assert "Traceback" not in refused.err
