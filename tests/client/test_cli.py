@@ -243,7 +243,7 @@ async def test_a_scene_within_the_limits_is_sent_and_an_oversize_one_is_a_usage_
 ) -> None:
     """Issue 14: a 1.4 MB scene died with a MaxPayloadError traceback (exit 1)."""
     path = tmp_path / "mesh.json"
-    path.write_text(json.dumps(_mesh_scene(20_000)))
+    path.write_text(json.dumps(_mesh_scene(28_000)))
     assert 1_300_000 < path.stat().st_size < 2_000_000
     result = await tessera("submit", str(path), *SMALL)
     assert result.status == 0, result.err
@@ -252,5 +252,5 @@ async def test_a_scene_within_the_limits_is_sent_and_an_oversize_one_is_a_usage_
     assert big.stat().st_size > 5 * 1024 * 1024
     refused = await tessera("submit", str(big), *SMALL)
     assert refused.status == 2, refused.err
-    assert "above the API limit of 5242880 bytes" in refused.err
+    assert "exceeds the limit 4194304" in refused.err
     assert "Traceback" not in refused.err

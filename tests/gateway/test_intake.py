@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import nats
 import orjson
 import pytest
 from nats.aio.client import Client as NATS
@@ -20,15 +21,16 @@ from proto.api import SubmitRequest
 from proto.limits import MAX_REQUEST_BYTES, NATS_MAX_PAYLOAD
 from proto.names import ApiVerb, Names
 from proto.replies import ApiError, ErrorCode
-from services.client.api import TesseraClient
-from services.client.session import EXIT_UNAVAILABLE, exit_status
+from services.client.api import RequestTooLarge, TesseraClient
+from services.client.session import EXIT_UNAVAILABLE, EXIT_USAGE, exit_status
 from services.gateway.app import Gateway
 from services.gateway.intake import Intake
 from services.local import ServiceProcesses
+from shared import natsauth
 from shared.config import Settings
 from shared.jetstream import connect_nats
 from shared.runtime import Runtime
-from shared.stack import Stack
+from shared.stack import NatsServer, Stack
 from tests.gateway.conftest import body, raw_request
 
 BURST = 2000
@@ -110,3 +112,25 @@ async def test_the_server_accepts_every_body_within_the_limits(
     reply = await raw_request(nc, names, ApiVerb.SUBMIT, data)
     assert reply["error"]["code"] == "invalid"
     assert f"{len(data)} bytes exceeds the limit {MAX_REQUEST_BYTES}" in reply["error"]["message"]
+
+
+async def test_the_client_refuses_a_body_above_a_smaller_servers_max_payload(
+    server_dir: Path,
+) -> None:
+    """Against a NATS server left at 1 MiB: RequestTooLarge before sending, a usage error."""
+    config = server_dir / "small.conf"
+    config.write_text(natsauth.render_limits(1024 * 1024))
+    server = NatsServer(server_dir / "nats", config_file=config)
+    server.start()
+    try:
+        nc = await nats.connect(server.url)
+        try:
+            client = TesseraClient(nc, Names("t"), timeout=1)
+            scene = {"blob": "x" * (1024 * 1024)}
+            with pytest.raises(RequestTooLarge, match="max_payload of 1048576 bytes"):
+                await client.call(ApiVerb.SUBMIT, {"project": "p", "scene": scene})
+            assert exit_status(RequestTooLarge("x")) == EXIT_USAGE
+        finally:
+            await nc.close()
+    finally:
+        server.stop()
