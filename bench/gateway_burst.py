@@ -16,6 +16,14 @@ Two gateways are measured side by side in one run:
 - ``legacy``: the same code with the behaviour before issue 14 (a full intake waits, leaving
   requests in the client library's buffer; default pending limits; every body decoded on the
   loop).
+
+Measured on the 2-core development box (loaded by other jobs), 2,000 submits: legacy: the gateway
+was cut as a slow consumer ("MaxPending of 67108864 Exceeded") and reconnected; status 381 "no
+responders" of 1,387, p50 3 ms, p99 15 ms, max 2.5 s; submits 470 invalid, 838 no responders,
+692 timed out (lost), 33 s. Shedding: no slow consumer, no disconnect; status 95 of 95 ok, p50
+5 ms, p99 = max 1.1 s (the first large submit starts the checker process while the burst's bytes
+queue ahead of the status requests on the same connection); submits 8 invalid, 1,992 busy,
+none lost, 4.2 s.
 """
 
 from __future__ import annotations
