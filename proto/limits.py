@@ -2,7 +2,12 @@
 
 Limits (``bad_request`` for a wrong shape or type, ``invalid`` for a value outside a limit):
 
-- request body: at most 5 MiB (:data:`MAX_REQUEST_BYTES`)
+- request body: at most 5 MiB (:data:`MAX_REQUEST_BYTES`). Every NATS server configuration
+  Tessera ships (``tessera up`` and the test stack via :mod:`shared.stack`,
+  ``deploy/nats/tessera-auth.conf`` for compose, ``k8s/nats-values.yaml``) sets ``max_payload``
+  to :data:`NATS_MAX_PAYLOAD` (8 MiB: the largest body plus room for headers), so every body
+  within the limits reaches the gateway, and one above 5 MiB is answered ``invalid``. The
+  ``tessera`` client refuses a body above either limit before sending it (exit status 2)
 - ``project``: 1..64 characters ``[A-Za-z0-9._-]``, starting alphanumeric
 - ``scene``: a builtin name (1..64 characters ``[a-z0-9_-]``) or an inline scene document (a JSON
   object, canonical JSON at most 4 MiB, nesting at most 32 deep; its contents are the kernel's
@@ -18,9 +23,10 @@ Limits (``bad_request`` for a wrong shape or type, ``invalid`` for a value outsi
 - list/DLQ ``limit``: 1..1000 (default 100); ``cursor``: 1..256 printable ASCII characters
 - DLQ requeue ``rate``: 1..1000 messages per second (default 10), ``limit`` up to 10,000
 - replies: a page or a requeue report is cut to about 512 KiB of JSON (:data:`MAX_REPLY_BYTES`,
-  half of NATS's default ``max_payload``); a list page cut short says so through
-  ``next_cursor``, a requeue report through ``omitted``. A dead letter's ``error`` is cut to 500
-  characters in lists (:data:`MAX_VIEW_ERROR`); ``dlq show`` has it whole
+  half of NATS's default 1 MiB ``max_payload``, so replies fit a server left at the default); a
+  list page cut short says so through ``next_cursor``, a requeue report through ``omitted``. A
+  dead letter's ``error`` is cut to 500 characters in lists (:data:`MAX_VIEW_ERROR`); ``dlq
+  show`` has it whole
 - ``result`` ``offset``: 0..the object's size; ``length``: 1..2^31-1, capped at the gateway's
   chunk (about 3/4 of its reply budget, so the base64 fits)
 - every integer must be a finite whole number (``64.0`` is accepted as 64; booleans, ``1.5``,
@@ -37,6 +43,8 @@ from proto.fields import check_range, check_str, json_depth
 from shared.errors import DecodeError, ValidationError
 
 MAX_REQUEST_BYTES = 5 * 1024 * 1024
+NATS_MAX_PAYLOAD = 8 * 1024 * 1024
+"""``max_payload`` of every NATS server Tessera configures: the one source of that number."""
 MAX_SCENE_BYTES = 4 * 1024 * 1024
 MAX_SCENE_DEPTH = 32
 MAX_DIMENSION = 8192

@@ -1,7 +1,9 @@
 """API replies: ``{"ok": true, ...}`` or ``{"ok": false, "error": {"code": ..., "message": ...}}``.
 
 Replies are always JSON. ``code`` is one of the closed set :class:`ErrorCode`; ``message`` is for
-humans (at most :data:`MAX_MESSAGE` characters) and is never parsed by programs.
+humans (at most :data:`MAX_MESSAGE` characters) and is never parsed by programs. A ``busy`` error
+also carries ``retry_after``: seconds to wait before sending the same request again
+(``{"ok": false, "error": {"code": "busy", "message": ..., "retry_after": 0.4}}``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ class ErrorCode(StrEnum):
     """The job's state does not allow this (for example retrying a completed job)."""
     UNAVAILABLE = "unavailable"
     """A backing server did not answer; try again later."""
+    BUSY = "busy"
+    """The gateway's intake is full; nothing was done: send the request again after
+    ``retry_after`` seconds (see :mod:`services.gateway.intake`)."""
     INTERNAL = "internal"
     """A bug; the gateway logged the details."""
 
@@ -61,9 +66,14 @@ def ok_reply(**fields: Any) -> bytes:
     return orjson.dumps({"ok": True, **fields}, option=orjson.OPT_NON_STR_KEYS)
 
 
-def error_reply(code: ErrorCode, message: str) -> bytes:
-    """``{"ok": false, "error": {"code": code, "message": message}}`` as JSON."""
-    body = {"code": ErrorCode(code).value, "message": message[:MAX_MESSAGE]}
+def error_reply(code: ErrorCode, message: str, *, retry_after: float | None = None) -> bytes:
+    """``{"ok": false, "error": {"code": code, "message": message}}`` as JSON.
+
+    ``retry_after`` (seconds) is added to the error when given (``busy`` replies).
+    """
+    body: dict[str, Any] = {"code": ErrorCode(code).value, "message": message[:MAX_MESSAGE]}
+    if retry_after is not None:
+        body["retry_after"] = retry_after
     return orjson.dumps({"ok": False, "error": body})
 
 
@@ -77,10 +87,12 @@ def reply_for_exception(exc: BaseException) -> bytes:
 class ApiError(errors.TesseraError):
     """An error reply, raised on the client side by :func:`decode_reply`."""
 
-    def __init__(self, code: ErrorCode, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str, *, retry_after: float | None = None) -> None:
         super().__init__(f"{code.value}: {message}")
         self.code = code.value
         self.error_code, self.message = code, message
+        #: seconds the gateway asked to wait before trying again (``busy``), else None
+        self.retry_after = retry_after
 
 
 def decode_reply(data: bytes) -> dict[str, Any]:
@@ -94,6 +106,8 @@ def decode_reply(data: bytes) -> dict[str, Any]:
         return {k: v for k, v in body.items() if k != "ok"}
     try:
         code, message = ErrorCode(body["error"]["code"]), str(body["error"]["message"])
+        hint = body["error"].get("retry_after")
+        retry_after = None if hint is None else max(0.0, float(hint))
     except (KeyError, TypeError, ValueError) as exc:
         raise errors.DecodeError(f"reply: malformed error ({type(exc).__name__})") from exc
-    raise ApiError(code, message)
+    raise ApiError(code, message, retry_after=retry_after)

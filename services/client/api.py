@@ -5,7 +5,12 @@ reply raises :class:`~proto.replies.ApiError` (its ``code`` is an
 :class:`~proto.replies.ErrorCode` value). When no gateway is subscribed (``no responders``,
 e.g. while one restarts) the request is repeated until ``timeout`` has passed; a request that a
 gateway received but did not answer within ``timeout`` is not repeated. Either way the failure is
-:class:`GatewayUnavailable`.
+:class:`GatewayUnavailable`. A ``busy`` reply (the gateway's intake was full; nothing was done) is
+retried after its ``retry_after`` hint (with jitter, at most :data:`MAX_BUSY_PAUSE` s), again
+within ``timeout``; if the gateway is still busy then, the ``busy`` error is raised.
+
+A body larger than the API limit (:data:`proto.limits.MAX_REQUEST_BYTES`) or than the NATS
+server's ``max_payload`` is refused before sending, with :class:`RequestTooLarge`.
 
 :meth:`TesseraClient.download` needs no object-store credentials: it follows the presigned URL
 ``tessera.api.result`` gives for an S3 store (falling back to NATS if that URL cannot be fetched
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import random
 from typing import Any
 
 import aiohttp
@@ -24,20 +30,37 @@ import orjson
 from nats.aio.client import Client as NATS
 
 from proto.api import ResultKind, SubmitRequest
+from proto.limits import MAX_REQUEST_BYTES
 from proto.names import ApiVerb, Names
-from proto.replies import decode_reply
-from shared.errors import DecodeError, StoreUnavailable
+from proto.replies import ApiError, ErrorCode, decode_reply
+from shared.errors import DecodeError, StoreUnavailable, ValidationError
 from shared.lifecycle import JobState
 from shared.objectstore import CorruptObject, sha256_hex
 
-__all__ = ["DEFAULT_TIMEOUT", "GatewayUnavailable", "TesseraClient"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "MAX_BUSY_PAUSE",
+    "GatewayUnavailable",
+    "RequestTooLarge",
+    "TesseraClient",
+]
 
 DEFAULT_TIMEOUT = 10.0
+MAX_BUSY_PAUSE = 5.0
 _NO_RESPONDERS_PAUSE = 0.1
 
 
 class GatewayUnavailable(StoreUnavailable):
     """No gateway answered within the timeout (none running, or NATS unreachable)."""
+
+
+class RequestTooLarge(ValidationError):
+    """The request body is larger than the API or the NATS server accepts; it was not sent."""
+
+
+def _busy_pause(exc: ApiError) -> float:
+    hint = exc.retry_after if exc.retry_after is not None else _NO_RESPONDERS_PAUSE
+    return min(MAX_BUSY_PAUSE, hint) * random.uniform(1.0, 1.5)  # spread the retries out
 
 
 class TesseraClient:
@@ -50,6 +73,7 @@ class TesseraClient:
         """Send ``body`` (``None`` values dropped) to ``verb``; the ok reply's fields."""
         subject = self.names.api_subject(verb)
         data = orjson.dumps({k: v for k, v in body.items() if v is not None})
+        self._check_size(subject, data)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         while True:
@@ -69,7 +93,27 @@ class TesseraClient:
                 ) from None
             except (nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError):
                 raise GatewayUnavailable("the NATS connection is closed") from None
-            return decode_reply(msg.data)
+            except nats.errors.MaxPayloadError:  # headers pushed it over: same as too large
+                raise self._too_large(subject, len(data), self.nc.max_payload) from None
+            try:
+                return decode_reply(msg.data)
+            except ApiError as exc:
+                pause = _busy_pause(exc)
+                if exc.error_code is not ErrorCode.BUSY or loop.time() + pause >= deadline:
+                    raise
+                await asyncio.sleep(pause)
+
+    def _check_size(self, subject: str, data: bytes) -> None:
+        limit = min(MAX_REQUEST_BYTES, self.nc.max_payload or MAX_REQUEST_BYTES)
+        if len(data) > limit:
+            raise self._too_large(subject, len(data), limit)
+
+    def _too_large(self, subject: str, size: int, limit: int) -> RequestTooLarge:
+        where = "the API limit" if limit == MAX_REQUEST_BYTES else "the NATS server's max_payload"
+        return RequestTooLarge(
+            f"{subject}: the request is {size} bytes, above {where} of {limit} bytes "
+            "(make the scene smaller: fewer or coarser meshes)"
+        )
 
     async def submit(self, request: SubmitRequest) -> dict[str, Any]:
         """Submit one frame; ``job_id``, ``created``, ``duplicate``, ``state``, keys."""

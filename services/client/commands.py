@@ -9,11 +9,16 @@ Exit status, for scripts:
 ====  ==========================================================================================
 0     success (``watch``/``submit --watch``: every job completed)
 1     a job ended failed, cancelled or dead-lettered, or has no result yet (``watch``, ``get``)
-2     usage or configuration error (bad option, unreadable scene file, missing variable)
+2     usage or configuration error (bad option, unreadable scene file, missing variable, a
+      request larger than the API's 5 MiB or the NATS server's max_payload: never sent)
 3     the gateway answered with an error: prints ``error[code]: message`` (bad_request,
       invalid, conflict, not_found, illegal_state, internal)
-4     unavailable: no gateway answered within ``--timeout``, NATS or a store is unreachable
+4     unavailable: no gateway answered within ``--timeout``, NATS or a store is unreachable,
+      or the gateway still answered ``busy`` when ``--timeout`` ran out
 ====  ==========================================================================================
+
+A ``busy`` reply (the gateway's intake is full, nothing was done) is retried after the reply's
+``retry_after`` hint until ``--timeout`` has passed.
 
 ``--json`` prints the raw reply (one JSON object per line).
 """
@@ -36,9 +41,11 @@ __all__ = ["EPILOG", "register"]
 
 EPILOG = (
     "exit status: 0 ok; 1 job failed, cancelled, dead-lettered or not completed; "
-    "2 usage or configuration error, or an output file that cannot be written; "
+    "2 usage or configuration error, an output file that cannot be written, or a request "
+    "too large to send; "
     "3 error reply from the gateway (error[code]: message); "
-    "4 unavailable (no gateway answered within --timeout, NATS unreachable)"
+    "4 unavailable (no gateway answered within --timeout, NATS unreachable, or still busy: "
+    "busy replies are retried after their retry_after hint until --timeout)"
 )
 
 Action = Callable[[Session, argparse.Namespace], Awaitable[int]]

@@ -18,7 +18,7 @@ from nats.aio.client import Client as NATS
 
 from proto.names import Names
 from proto.replies import ApiError, ErrorCode
-from services.client.api import TesseraClient
+from services.client.api import RequestTooLarge, TesseraClient
 from shared.config import Settings
 from shared.errors import ConfigError, RetryableError, TesseraError
 from shared.jetstream import connect_nats
@@ -83,8 +83,9 @@ def exit_status(exc: TesseraError) -> int:
     if isinstance(exc, CommandFailed):
         return exc.status
     if isinstance(exc, ApiError):
-        return EXIT_UNAVAILABLE if exc.error_code is ErrorCode.UNAVAILABLE else EXIT_API_ERROR
-    if isinstance(exc, ConfigError):
+        retry_later = exc.error_code in (ErrorCode.UNAVAILABLE, ErrorCode.BUSY)
+        return EXIT_UNAVAILABLE if retry_later else EXIT_API_ERROR
+    if isinstance(exc, ConfigError | RequestTooLarge):
         return EXIT_USAGE
     if isinstance(exc, RetryableError):
         return EXIT_UNAVAILABLE

@@ -1,15 +1,19 @@
 """The gateway loop: one subscription per API verb, one task per request, bounded.
 
-nats-py runs a subscription's callback for one message at a time, so the callback only takes a
-slot (:attr:`Gateway.max_in_flight`) and spawns the handler; when every slot is busy the callback
-waits, which leaves further requests queued in the client library (back-pressure, not an unbounded
-pile of tasks). On stop the subscriptions go first, then in-flight requests get the grace period
-to finish and reply.
+nats-py runs a subscription's callback for one message at a time, so the callback only decides:
+it takes a place in the request's lane of the :class:`~services.gateway.intake.Intake` and
+spawns the handler, or, when the lane is full, answers ``busy`` with a ``retry_after`` hint at
+once. It never waits: a request left waiting in the client library would leave the next ones in
+nats-server's buffer for this connection, which the server cuts as a slow consumer once it
+holds 64 MiB (every request buffered there is lost, and until the reconnect every request gets
+"no responders"). On stop the subscriptions go first, then in-flight requests get the grace
+period to finish and reply.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Mapping
 
 from nats.aio.msg import Msg
@@ -21,6 +25,7 @@ from proto.names import ApiVerb
 from proto.replies import ErrorCode, error_reply, reply_for_exception
 from services.gateway.dlq import DlqHandlers
 from services.gateway.handlers import Handlers
+from services.gateway.intake import Intake, Lane
 from services.gateway.results import ResultHandlers
 from services.ops.requeue import Requeuer
 from shared.errors import RetryableError, TesseraError
@@ -35,10 +40,10 @@ Handler = Callable[[bytes, Mapping[str, str] | None], Awaitable[Reply]]
 class Gateway:
     """The API of one gateway process: subscribe, serve, stop."""
 
-    def __init__(self, rt: Runtime, *, max_in_flight: int = 64) -> None:
+    def __init__(self, rt: Runtime, *, intake: Intake | None = None) -> None:
         self.rt = rt
-        self.max_in_flight = max_in_flight
-        self.handlers = Handlers(rt.db, rt.js, rt.names, rt.log, rt.metrics)
+        self.intake = intake or Intake()
+        self.handlers = Handlers(rt.db, rt.js, rt.names, rt.log, rt.metrics, self.intake)
         # half the server's max_payload at most: the reply's envelope and counts fit beside it
         budget = min(MAX_REPLY_BYTES, rt.nc.max_payload // 2)
         self.dlq = DlqHandlers(rt.js, rt.names, rt.log, requeuer=Requeuer(rt), reply_budget=budget)
@@ -47,7 +52,6 @@ class Gateway:
         self.routes: dict[str, Handler] = {
             rt.names.api_subject(verb): handler for verb, handler in self._verbs().items()
         }
-        self._slots = asyncio.Semaphore(max_in_flight)
         self._tasks: set[asyncio.Task[None]] = set()
         self._subs: list[Subscription] = []
 
@@ -68,9 +72,14 @@ class Gateway:
 
     async def start(self) -> None:
         """Subscribe to every verb in the shared queue group; requests flow once this returns."""
+        msgs, size = self.intake.pending_limits(self.rt.nc.max_payload)
         for subject in self.routes:
             sub = await self.rt.nc.subscribe(
-                subject, queue=self.rt.names.queue_group, cb=self._on_msg
+                subject,
+                queue=self.rt.names.queue_group,
+                cb=self._on_msg,
+                pending_msgs_limit=msgs,
+                pending_bytes_limit=size,
             )
             self._subs.append(sub)
         await self.rt.nc.flush()
@@ -88,14 +97,38 @@ class Gateway:
             if late:
                 self.rt.log.warning("requests cut off at stop", count=len(late))
                 await asyncio.wait(late)
+        self.intake.close()
 
     async def _on_msg(self, msg: Msg) -> None:
-        await self._slots.acquire()
-        task = asyncio.create_task(self._serve(msg))
+        lane = self.intake.lane_for(len(msg.data))
+        if lane.take():
+            self._spawn(msg, lane)
+        else:
+            await self._busy(msg, lane)
+
+    def _spawn(self, msg: Msg, lane: Lane) -> None:
+        task = asyncio.create_task(self._serve(msg, lane))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _serve(self, msg: Msg) -> None:
+    async def _busy(self, msg: Msg, lane: Lane) -> None:
+        self.rt.metrics.gateway_busy.labels(lane=lane.name).inc()
+        if not msg.reply:
+            return
+        retry_after = lane.retry_after()
+        reply = error_reply(
+            ErrorCode.BUSY,
+            f"the gateway is serving {lane.capacity} {lane.name} requests; "
+            f"send this one again in {retry_after:g} s",
+            retry_after=retry_after,
+        )
+        try:
+            await self.rt.nc.publish(msg.reply, reply)
+        except Exception:  # the connection is gone: the client's request times out
+            self.rt.log.error("could not reply busy", exc=True, subject=msg.subject)
+
+    async def _serve(self, msg: Msg, lane: Lane) -> None:
+        started = time.monotonic()
         try:
             reply = await self.dispatch(msg.subject, msg.data, msg.headers)
             if msg.reply:
@@ -105,7 +138,7 @@ class Gateway:
         except Exception:  # the reply itself failed (connection gone): log, keep serving
             self.rt.log.error("could not reply", exc=True, subject=msg.subject)
         finally:
-            self._slots.release()
+            lane.release(time.monotonic() - started)
 
     async def dispatch(self, subject: str, data: bytes, headers: Mapping[str, str] | None) -> bytes:
         """The reply to one request: ok, a structured error, or ``internal`` for a bug."""

@@ -26,7 +26,8 @@ from proto.api_replies import CancelReply, ListReply, RetryReply, StatusReply, S
 from proto.idempotency import idempotency_key, request_fingerprint, scene_hash
 from proto.messages import JobEvent, JobMessage
 from proto.names import EventKind, Names, event_msg_id, job_msg_id, new_job_id
-from services.gateway.scenes import check_submission
+from services.gateway.intake import LARGE_BODY_BYTES, Intake
+from services.gateway.scenes import check_submission, check_submission_sync
 from services.gateway.views import job_status, job_summary
 from shared.errors import NotFoundError
 from shared.jetstream import publish
@@ -37,7 +38,7 @@ from shared.metadata.jobs import MAX_LIST
 from shared.metadata.models import Job, NewJob
 from shared.metrics import Metrics
 
-__all__ = ["Handlers", "new_job_for"]
+__all__ = ["Handlers", "new_job_for", "prepare_submission"]
 
 Headers = Mapping[str, str] | None
 
@@ -63,6 +64,16 @@ def new_job_for(request: SubmitRequest, scene: dict[str, Any], input_hash: str) 
     )
 
 
+def prepare_submission(data: bytes, headers: Headers) -> NewJob:
+    """Decode, validate and hash a submit body: its row, or DecodeError/ValidationError.
+
+    Pure CPU work, no I/O: the gateway runs it in a worker process for a large body.
+    """
+    request = decode_request(data, headers, SubmitRequest)
+    checked = check_submission_sync(request)
+    return new_job_for(request, checked.doc, checked.input_hash)
+
+
 class Handlers:
     """The job verbs over one metadata store and one JetStream context."""
 
@@ -73,17 +84,24 @@ class Handlers:
         names: Names,
         log: Log,
         metrics: Metrics | None = None,
+        intake: Intake | None = None,
     ) -> None:
         self.db, self.js, self.names, self.log = db, js, names, log
         self.metrics = metrics or Metrics()
+        #: where a large submit body (an inline scene) is decoded and checked
+        self.intake = intake or Intake()
         #: submits answered with an existing job (the same logical request seen again)
         self.duplicate_submits = 0
 
     async def submit(self, data: bytes, headers: Headers) -> SubmitReply:
         """``tessera.api.submit``: create the job once per idempotency key and queue it."""
-        request = decode_request(data, headers, SubmitRequest)
-        checked = await check_submission(request)
-        result = await self.db.submit_job(new_job_for(request, checked.doc, checked.input_hash))
+        if len(data) >= LARGE_BODY_BYTES:  # canonical JSON and hashing of a big scene: CPU
+            new_job = await self.intake.offload(prepare_submission, data, headers)
+        else:
+            request = decode_request(data, headers, SubmitRequest)
+            checked = await check_submission(request)
+            new_job = new_job_for(request, checked.doc, checked.input_hash)
+        result = await self.db.submit_job(new_job)
         job = result.job
         if not result.created:
             self.duplicate_submits += 1

@@ -16,7 +16,7 @@ from proto.api import SubmitRequest
 from proto.limits import Scene
 from shared.errors import ValidationError
 
-__all__ = ["CheckedScene", "check_submission", "resolve_scene"]
+__all__ = ["CheckedScene", "check_submission", "check_submission_sync", "resolve_scene"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,12 @@ def _check(doc: dict[str, Any], request: SubmitRequest) -> str:
         return kernel.input_hash(doc, request.frame, settings)
     except kernel.SceneError as exc:
         raise ValidationError(f"scene: {exc}") from exc
+
+
+def check_submission_sync(request: SubmitRequest) -> CheckedScene:
+    """:func:`check_submission` in the caller's thread (a worker process's, for a large body)."""
+    doc = resolve_scene(request.scene)
+    return CheckedScene(doc, _check(doc, request))
 
 
 async def check_submission(request: SubmitRequest) -> CheckedScene:

@@ -260,3 +260,31 @@ async def _complete(runtime: Runtime, job_id: str, png: bytes, floats: bytes) ->
         result_sha256=sha,
         float_location=float_key,
     )
+
+
+def _mesh_scene(vertices: int) -> dict[str, object]:
+    scene = kernel.builtin_scene("cornell")
+    verts = [
+        [50.0 + (i % 97) * 0.01, 40.0 + (i // 97) * 0.01, 80.123456789] for i in range(vertices)
+    ]
+    tris = [[i, i + 1, i + 2] for i in range(vertices - 2)]
+    scene["meshes"] = [{"vertices": verts, "indices": tris, "material": "white"}]
+    return scene
+
+
+async def test_a_scene_within_the_limits_is_sent_and_an_oversize_one_is_a_usage_error(
+    gateway: Gateway, tessera: CliRunner, tmp_path: Path
+) -> None:
+    """Issue 14: a 1.4 MB scene died with a MaxPayloadError traceback (exit 1)."""
+    path = tmp_path / "mesh.json"
+    path.write_text(json.dumps(_mesh_scene(28_000)))
+    assert 1_300_000 < path.stat().st_size < 2_000_000
+    result = await tessera("submit", str(path), *SMALL)
+    assert result.status == 0, result.err
+    big = tmp_path / "huge.json"
+    big.write_text(json.dumps(_mesh_scene(150_000)))
+    assert big.stat().st_size > 5 * 1024 * 1024
+    refused = await tessera("submit", str(big), *SMALL)
+    assert refused.status == 2, refused.err
+    assert "exceeds the limit 4194304" in refused.err
+    assert "Traceback" not in refused.err

@@ -20,6 +20,7 @@ import yaml
 
 import shared.config
 from proto import names as n
+from proto.limits import NATS_MAX_PAYLOAD
 from services.cli import SERVICES, build_parser
 from shared import natsauth
 from shared.config import Settings, Tuning
@@ -320,3 +321,23 @@ def test_the_nats_helm_values_run_three_jetstream_nodes_with_the_generated_users
         assert var, user["password"]
         ref = env[var.group(1)]["valueFrom"]["secretKeyRef"]
         assert ref["key"] in secrets[ref["name"]]
+
+
+# --- max_payload: one constant for every shipped NATS configuration --------------------------
+
+
+def test_every_shipped_nats_config_sets_max_payload_from_the_one_constant(
+    compose: dict[str, Any],
+) -> None:
+    confs = sorted((REPO / "deploy" / "nats").glob("*.conf"))
+    assert confs
+    for conf in confs:
+        found = re.findall(r"^\s*max_payload\s*[:=]\s*(\S+)", conf.read_text(), re.M)
+        assert found == [str(NATS_MAX_PAYLOAD)], conf
+    command = compose["services"]["nats"]["command"]
+    mounted = command[command.index("-c") + 1]
+    mount = next(v for v in compose["services"]["nats"]["volumes"] if f":{mounted}" in v)
+    assert REPO / mount.split(":")[0].removeprefix("./") in confs
+    values = yaml.safe_load((REPO / "k8s" / "nats-values.yaml").read_text())
+    assert values["config"]["merge"]["max_payload"] == NATS_MAX_PAYLOAD
+    assert natsauth.render_limits() in natsauth.render_config(natsauth.generate_passwords())

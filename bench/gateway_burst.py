@@ -1,0 +1,286 @@
+"""Gateway burst benchmark (not a test): status latency while a burst of large submits lands.
+
+Run: ``python -m bench.gateway_burst`` (add ``--requests N`` to change the burst). On the
+embedded stack (NATS, PostgreSQL), with the gateway as its own process, one client fires
+``--requests`` submits of a ~57 KB scene (1,025 spheres: parseable, refused ``invalid`` by the
+kernel's 1,024-sphere limit) all at once, while a second client asks for one job's ``status``
+every 20 ms. Printed per gateway: status latency p50/p99/max during the burst, how many status
+requests got ``no responders`` or no answer, how the burst's submits were answered (``invalid``,
+``busy``, no responders, timeout), and whether nats-server logged a slow consumer or the gateway
+a disconnect.
+
+Two gateways are measured side by side in one run:
+
+- ``shedding``: the gateway as shipped (bounded intake, ``busy`` when full, pending limits sized
+  to the intake, large bodies decoded off the event loop);
+- ``legacy``: the same code with the behaviour before issue 14 (a full intake waits, leaving
+  requests in the client library's buffer; default pending limits; every body decoded on the
+  loop).
+
+Measured on the 2-core development box (loaded by other jobs), 2,000 submits: legacy: the gateway
+was cut as a slow consumer ("MaxPending of 67108864 Exceeded") and reconnected; status 381 "no
+responders" of 1,387, p50 3 ms, p99 15 ms, max 2.5 s; submits 470 invalid, 838 no responders,
+692 timed out (lost), 33 s. Shedding: no slow consumer, no disconnect; status 95 of 95 ok, p50
+5 ms, p99 = max 1.1 s (the first large submit starts the checker process while the burst's bytes
+queue ahead of the status requests on the same connection); submits 8 invalid, 1,992 busy,
+none lost, 4.2 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nats.errors
+import orjson
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import DEFAULT_SUB_PENDING_BYTES_LIMIT, DEFAULT_SUB_PENDING_MSGS_LIMIT
+
+import kernel
+from proto.api import SubmitRequest
+from proto.names import ApiVerb, Names
+from services.client.api import TesseraClient
+from services.gateway.app import Gateway
+from services.gateway.intake import Intake, Lane, T
+from shared.config import Settings
+from shared.jetstream import connect_nats
+from shared.procs import ManagedProcess, wait_for
+from shared.runtime import Runtime, service_main
+from shared.stack import Stack
+
+__all__ = ["BurstResult", "LegacyGateway", "big_scene", "run_burst"]
+
+STATUS_EVERY = 0.02
+SPHERES = 1025
+#: what nats-server and the gateway log when a connection is dropped under load
+TROUBLE = ("Slow Consumer", "slow consumer", "disconnected", "SlowConsumer")
+
+
+def big_scene() -> dict[str, Any]:
+    """A ~57 KB scene document with 1,025 spheres: one more than the kernel accepts."""
+    doc = kernel.builtin_scene("cornell")
+    white = "white"
+    doc["spheres"] = [
+        {"center": [float(i % 32), float(i // 32), 50.5], "radius": 0.25, "material": white}
+        for i in range(SPHERES)
+    ]
+    return doc
+
+
+class _InlineIntake(Intake):
+    """One lane; every body checked on the loop; nats-py's default pending limits."""
+
+    def lane_for(self, size: int) -> Lane:
+        return self.small
+
+    def pending_limits(self, max_payload: int) -> tuple[int, int]:
+        return DEFAULT_SUB_PENDING_MSGS_LIMIT, DEFAULT_SUB_PENDING_BYTES_LIMIT
+
+    async def offload(self, fn: Callable[..., T], *args: Any) -> T:
+        return fn(*args)
+
+
+class _WaitingLane(Lane):
+    def __init__(self, slots: int) -> None:
+        super().__init__("all", slots, slots)
+        self.free = asyncio.Semaphore(slots)
+
+    def release(self, seconds: float) -> None:
+        super().release(seconds)
+        self.free.release()
+
+
+class LegacyGateway(Gateway):
+    """The gateway as it was before issue 14, for the side-by-side comparison.
+
+    A request arriving while all 64 slots are busy waits for one (so further requests pile up
+    in the client library's buffer and in nats-server's outbound buffer); subscriptions keep
+    nats-py's default pending limits; every body is decoded on the event loop.
+    """
+
+    def __init__(self, rt: Runtime) -> None:
+        intake = _InlineIntake()
+        self.lane = intake.small = _WaitingLane(64)
+        super().__init__(rt, intake=intake)
+
+    async def _on_msg(self, msg: Msg) -> None:
+        await self.lane.free.acquire()
+        self.lane.in_use += 1
+        self._spawn(msg, self.lane)
+
+
+@dataclass
+class BurstResult:
+    """What one burst did."""
+
+    submits: Counter[str] = field(default_factory=Counter)
+    statuses: Counter[str] = field(default_factory=Counter)
+    status_latency: list[float] = field(default_factory=list)
+    burst_seconds: float = 0.0
+
+    def percentile(self, q: float) -> float:
+        """The ``q`` quantile (0..1) of status latency in seconds (nan if none answered)."""
+        if not self.status_latency:
+            return float("nan")
+        ordered = sorted(self.status_latency)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _outcome(data: bytes) -> str:
+    body = orjson.loads(data)
+    return "ok" if body.get("ok") else str(body["error"]["code"])
+
+
+async def _one(nc: NATS, subject: str, data: bytes, wait: float) -> str:
+    try:
+        msg = await nc.request(subject, data, timeout=wait)
+    except nats.errors.NoRespondersError:
+        return "no_responders"
+    except (TimeoutError, nats.errors.TimeoutError):
+        return "timeout"
+    except nats.errors.Error as exc:
+        return type(exc).__name__
+    return _outcome(msg.data)
+
+
+async def _poll_status(
+    nc: NATS, names: Names, job_id: str, stop: asyncio.Event, result: BurstResult
+) -> None:
+    subject = names.api_subject(ApiVerb.STATUS)
+    data = orjson.dumps({"job_id": job_id})
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        started = loop.time()
+        outcome = await _one(nc, subject, data, wait=5.0)
+        result.statuses[outcome] += 1
+        if outcome == "ok":
+            result.status_latency.append(loop.time() - started)
+        await asyncio.sleep(max(0.0, STATUS_EVERY - (loop.time() - started)))
+
+
+async def run_burst(
+    burst_nc: NATS, status_nc: NATS, names: Names, *, requests: int, wait: float = 30.0
+) -> BurstResult:
+    """Fire ``requests`` large submits at once from ``burst_nc`` while ``status_nc`` polls."""
+    client = TesseraClient(status_nc, names, timeout=10)
+    job = await client.submit(
+        SubmitRequest(project="bench", scene="cornell", width=16, height=16, spp=1)
+    )
+    body = SubmitRequest(project="bench", scene=big_scene(), width=64, height=48, spp=1).to_body()
+    data = orjson.dumps(body)
+    result = BurstResult()
+    stop = asyncio.Event()
+    poller = asyncio.create_task(_poll_status(status_nc, names, job["job_id"], stop, result))
+    subject = names.api_subject(ApiVerb.SUBMIT)
+    started = time.perf_counter()
+    try:
+        outcomes = await asyncio.gather(
+            *(_one(burst_nc, subject, data, wait) for _ in range(requests))
+        )
+    finally:
+        result.burst_seconds = time.perf_counter() - started
+        stop.set()
+        await poller
+    result.submits.update(outcomes)
+    return result
+
+
+def _serve(mode: str) -> int:
+    cls = LegacyGateway if mode == "legacy" else Gateway
+
+    async def body(rt: Runtime, stop: asyncio.Event) -> None:
+        gateway = cls(rt)
+        await gateway.start()
+        try:
+            await stop.wait()
+        finally:
+            await gateway.stop(rt.settings.tuning.grace_period)
+
+    return service_main("gateway", body)
+
+
+def _trouble(text: str) -> list[str]:
+    return [line for line in text.splitlines() if any(t in line for t in TROUBLE)]
+
+
+async def _measure(stack: Stack, mode: str, requests: int, log_dir: Path) -> None:
+    namespace = f"bench{mode}{os.getpid()}"
+    env = stack.env() | {"TESSERA_NAMESPACE": namespace, "TESSERA_NODE": f"gw-{mode}"}
+    env |= {"TESSERA_DATABASE_URL": stack.postgres.dsn, "TESSERA_LOG_LEVEL": "INFO"}
+    env |= {"TESSERA_OBJECT_STORE": f"file://{stack.objects_dir}"}
+    argv = [sys.executable, "-m", "bench.gateway_burst", "--serve", mode]
+    proc = ManagedProcess(
+        f"gateway-{mode}", argv, log_dir / f"gateway-{mode}.log", env=os.environ | env
+    )
+    nats_log = stack.nats.proc
+    nats_start = len(nats_log.log_since_start())
+    proc.start()
+    try:
+        wait_for(
+            lambda: '"msg":"gateway listening"' in proc.log_since_start(),
+            timeout=60,
+            what="the gateway did not start",
+            proc=proc,
+        )
+        settings = Settings.from_env(env, database=False)
+        burst_nc = await connect_nats(settings, name="bench-burst")
+        status_nc = await connect_nats(settings, name="bench-status")
+        try:
+            result = await run_burst(burst_nc, status_nc, Names(namespace), requests=requests)
+        finally:
+            await burst_nc.close()
+            await status_nc.close()
+    finally:
+        proc.stop()
+    trouble = _trouble(nats_log.log_since_start()[nats_start:]) + _trouble(proc.log_since_start())
+    _report(mode, requests, result, trouble)
+
+
+def _report(mode: str, requests: int, r: BurstResult, trouble: list[str]) -> None:
+    print(
+        f"{mode:>9}: {requests} submits in {r.burst_seconds:.1f} s; status p50 "
+        f"{r.percentile(0.5) * 1000:.0f} ms, p99 {r.percentile(0.99) * 1000:.0f} ms, max "
+        f"{max(r.status_latency, default=float('nan')) * 1000:.0f} ms over "
+        f"{sum(r.statuses.values())} requests"
+    )
+    print(f"{'':>11}status outcomes {dict(r.statuses)}; submit outcomes {dict(r.submits)}")
+    print(f"{'':>11}slow-consumer/disconnect log lines: {len(trouble)}")
+    for line in trouble[:4]:
+        print(f"{'':>13}{line[:160]}")
+
+
+async def _main(args: argparse.Namespace) -> None:
+    with (
+        tempfile.TemporaryDirectory(prefix="tessera-bench-burst-") as tmp,
+        Stack(Path(tmp) / "stack", durable=False) as stack,
+    ):
+        for mode in args.modes:
+            await _measure(stack, mode, args.requests, Path(tmp) / "logs")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark (or, with ``--serve``, be the gateway process it measures)."""
+    parser = argparse.ArgumentParser(prog="python -m bench.gateway_burst", description=__doc__)
+    parser.add_argument("--requests", type=int, default=2000, help="submits in the burst")
+    parser.add_argument("--modes", nargs="+", default=["legacy", "shedding"],
+                        choices=["legacy", "shedding"], help="gateways to measure")  # fmt: skip
+    parser.add_argument("--serve", choices=["legacy", "shedding"], help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve:
+        return _serve(args.serve)
+    asyncio.run(_main(args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,120 @@
+"""The gateway's bounded intake: two lanes, ``busy`` when a lane is full, large bodies off the loop.
+
+nats-server cannot slow a sender down on a core NATS subscription: it buffers what the gateway
+has not read yet, up to its ``max_pending`` (64 MiB), and then cuts the gateway's connection as
+a slow consumer, losing everything buffered. So the gateway must read as fast as requests come,
+whatever they cost to serve. It does, by deciding at once for every request:
+
+- a request whose body is below :data:`LARGE_BODY_BYTES` (status, list, cancel, a submit naming
+  a builtin scene ...) takes one of the small lane's ``slots``;
+- a larger one (a submit with an inline scene) takes one of the large lane's ``large_slots`` and
+  is decoded, validated and hashed in a separate process (``large_workers`` of them, started on
+  first use). Not a thread: pure-Python work on a thread holds the GIL, and every time the event
+  loop waits for the socket it then waits up to the 5 ms switch interval to get it back, so one
+  busy thread cut the gateway's reading to a few MB/s (measured: a trivial responder with one
+  CPU-bound thread beside it was cut as a slow consumer by the same burst it otherwise served
+  in 1.2 s);
+- a request whose lane is full is answered at once with the error ``busy`` and a
+  ``retry_after`` hint (seconds: the lane's recent service time times its depth over its
+  parallelism, within :data:`MIN_RETRY_AFTER`..:data:`MAX_RETRY_AFTER`). Nothing was decoded or
+  written, so the client may send it again as is (``tessera`` does, within ``--timeout``).
+
+The client library's buffer per subscription (:meth:`Intake.pending_limits`) only has to hold
+what arrives between two turns of the event loop, since admission never waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from shared.errors import StoreUnavailable
+
+__all__ = ["LARGE_BODY_BYTES", "MAX_RETRY_AFTER", "MIN_RETRY_AFTER", "Intake", "Lane"]
+
+LARGE_BODY_BYTES = 16 * 1024
+"""Bodies of this size or more go to the large lane and are decoded off the event loop."""
+T = TypeVar("T")
+MIN_RETRY_AFTER = 0.05
+MAX_RETRY_AFTER = 5.0
+_EWMA = 0.2
+
+
+@dataclass
+class Lane:
+    """A bounded number of requests served at once, and how long they took of late."""
+
+    name: str
+    capacity: int
+    parallel: int
+    in_use: int = 0
+    #: moving average of the seconds a request of this lane took (start value: a guess)
+    mean_seconds: float = 0.05
+
+    def take(self) -> bool:
+        """Claim a place; False when the lane is full."""
+        if self.in_use >= self.capacity:
+            return False
+        self.in_use += 1
+        return True
+
+    def release(self, seconds: float) -> None:
+        """Give the place back after a request that took ``seconds``."""
+        self.in_use -= 1
+        self.mean_seconds += _EWMA * (seconds - self.mean_seconds)
+
+    def retry_after(self) -> float:
+        """Seconds until a place is likely free: the lane's backlog at its recent pace."""
+        wait = self.mean_seconds * self.capacity / max(1, self.parallel)
+        return round(min(MAX_RETRY_AFTER, max(MIN_RETRY_AFTER, wait)), 3)
+
+
+class Intake:
+    """The two lanes of one gateway and the worker processes of the large one."""
+
+    def __init__(self, *, slots: int = 64, large_slots: int = 8, large_workers: int = 1) -> None:
+        self.small = Lane("small", slots, max(1, slots))
+        self.large = Lane("large", large_slots, large_workers)
+        self._workers = large_workers
+        self._pool: ProcessPoolExecutor | None = None
+
+    def lane_for(self, size: int) -> Lane:
+        """The lane of a request body of ``size`` bytes."""
+        return self.large if size >= LARGE_BODY_BYTES else self.small
+
+    def pending_limits(self, max_payload: int) -> tuple[int, int]:
+        """nats-py pending limits of one subscription: messages, bytes.
+
+        Admission never waits, so the buffer only holds what one read of the socket delivered:
+        at most every place of both lanes several times over, and two of the largest messages.
+        """
+        return 32 * (self.small.capacity + self.large.capacity), 2 * max_payload
+
+    async def offload(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in a worker process (``fn`` and its arguments must pickle).
+
+        A worker that died (killed, out of memory) breaks the pool: it is replaced and the
+        request fails ``unavailable``, which a client may retry.
+        """
+        if self._pool is None:
+            spawn = multiprocessing.get_context("spawn")  # never fork a process with threads
+            self._pool = ProcessPoolExecutor(self._workers, mp_context=spawn)
+        pool = self._pool
+        try:
+            return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+        except BrokenProcessPool as exc:
+            if self._pool is pool:
+                self._pool = None
+                pool.shutdown(wait=False, cancel_futures=True)
+            raise StoreUnavailable("the gateway's scene checker restarted; try again") from exc
+
+    def close(self) -> None:
+        """Stop the worker processes (running checks are abandoned)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None

@@ -1,0 +1,136 @@
+"""Load shedding and payload limits: the gateway answers ``busy`` instead of being cut off.
+
+The burst test runs the gateway as its own process (as deployed) and fires the burst of issue 14
+at it: 2,000 submits of a ~57 KB scene (1,025 spheres: parseable, refused by the kernel) at once
+from one client, while a second client asks for a status every 20 ms. Before the intake, the
+gateway fell behind, nats-server cut it as a slow consumer (MaxPending of 64 MiB) and requests got
+"no responders" until it reconnected. Latency figures are in ``python -m bench.gateway_burst``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nats
+import orjson
+import pytest
+from nats.aio.client import Client as NATS
+
+from bench.gateway_burst import TROUBLE, big_scene, run_burst
+from proto.api import SubmitRequest
+from proto.limits import MAX_REQUEST_BYTES, NATS_MAX_PAYLOAD
+from proto.names import ApiVerb, Names
+from proto.replies import ApiError, ErrorCode
+from services.client.api import RequestTooLarge, TesseraClient
+from services.client.session import EXIT_UNAVAILABLE, EXIT_USAGE, exit_status
+from services.gateway.app import Gateway
+from services.gateway.intake import Intake
+from services.local import ServiceProcesses
+from shared import natsauth
+from shared.config import Settings
+from shared.jetstream import connect_nats
+from shared.runtime import Runtime
+from shared.stack import NatsServer, Stack
+from tests.gateway.conftest import body, raw_request
+
+BURST = 2000
+
+
+async def test_a_burst_of_large_submits_is_shed_not_disconnected(
+    stack: Stack, settings_env: dict[str, str], database_url: str, tmp_path: Path
+) -> None:
+    procs = ServiceProcesses(settings_env, tmp_path / "logs")
+    nats_log = stack.nats.proc
+    before = len(nats_log.log_since_start())
+    gateway = procs.start("gateway")
+    try:
+        procs.wait_started(gateway)
+        settings = Settings.from_env(settings_env)
+        burst_nc = await connect_nats(settings, name="test-burst")
+        status_nc = await connect_nats(settings, name="test-status")
+        try:
+            result = await run_burst(
+                burst_nc, status_nc, Names(settings.tuning.namespace), requests=BURST
+            )
+        finally:
+            await burst_nc.close()
+            await status_nc.close()
+        assert gateway.alive(), procs.logs()
+    finally:
+        procs.stop_all()
+    server_lines = nats_log.log_since_start()[before:].splitlines()
+    trouble = [ln for ln in server_lines if "Slow Consumer" in ln and "gateway" in ln]
+    trouble += [
+        ln for ln in gateway.log_since_start().splitlines() if any(t in ln for t in TROUBLE)
+    ]
+    assert trouble == [], "\n".join(trouble[:5])
+    assert result.statuses["no_responders"] == 0, result.statuses
+    assert set(result.statuses) == {"ok"}, result.statuses
+    assert result.submits["no_responders"] == result.submits["timeout"] == 0, result.submits
+    assert set(result.submits) <= {"invalid", "busy"} and result.submits["invalid"] > 0
+    assert sum(result.submits.values()) == BURST
+
+
+async def test_a_full_lane_answers_busy_with_a_retry_after_hint(
+    runtime: Runtime, nc: NATS, names: Names
+) -> None:
+    gw = Gateway(runtime, intake=Intake(slots=0, large_slots=0))
+    await gw.start()
+    try:
+        reply = await raw_request(nc, names, ApiVerb.STATUS, orjson.dumps({"job_id": "j"}))
+        assert reply["ok"] is False and reply["error"]["code"] == "busy"
+        assert 0.05 <= reply["error"]["retry_after"] <= 5.0
+        client = TesseraClient(nc, names, timeout=0.5)
+        with pytest.raises(ApiError) as info:  # retried with the hint until the timeout
+            await client.status("j")
+        assert info.value.error_code is ErrorCode.BUSY and info.value.retry_after is not None
+        assert exit_status(info.value) == EXIT_UNAVAILABLE
+        assert gw.rt.metrics.gateway_busy.labels(lane="small")._value.get() >= 2
+    finally:
+        await gw.stop(5.0)
+
+
+async def test_large_scenes_are_checked_in_a_worker_process(
+    gateway: Gateway, client: TesseraClient, nc: NATS, names: Names
+) -> None:
+    refused = await raw_request(nc, names, ApiVerb.SUBMIT, orjson.dumps(body(scene=big_scene())))
+    assert refused["error"]["code"] == "invalid" and "1024" in refused["error"]["message"]
+    scene = big_scene()
+    scene["spheres"] = scene["spheres"][:1024]
+    reply = await client.submit(
+        SubmitRequest(project="gw", scene=scene, width=64, height=48, spp=1)
+    )
+    assert reply["created"] is True and reply["state"] == "queued"
+
+
+async def test_the_server_accepts_every_body_within_the_limits(
+    gateway: Gateway, nc: NATS, names: Names
+) -> None:
+    """max_payload is the shared constant, so an oversize body reaches the gateway: ``invalid``."""
+    assert nc.max_payload == NATS_MAX_PAYLOAD > MAX_REQUEST_BYTES
+    data = orjson.dumps(body(project="x" * MAX_REQUEST_BYTES))
+    reply = await raw_request(nc, names, ApiVerb.SUBMIT, data)
+    assert reply["error"]["code"] == "invalid"
+    assert f"{len(data)} bytes exceeds the limit {MAX_REQUEST_BYTES}" in reply["error"]["message"]
+
+
+async def test_the_client_refuses_a_body_above_a_smaller_servers_max_payload(
+    server_dir: Path,
+) -> None:
+    """Against a NATS server left at 1 MiB: RequestTooLarge before sending, a usage error."""
+    config = server_dir / "small.conf"
+    config.write_text(natsauth.render_limits(1024 * 1024))
+    server = NatsServer(server_dir / "nats", config_file=config)
+    server.start()
+    try:
+        nc = await nats.connect(server.url)
+        try:
+            client = TesseraClient(nc, Names("t"), timeout=1)
+            scene = {"blob": "x" * (1024 * 1024)}
+            with pytest.raises(RequestTooLarge, match="max_payload of 1048576 bytes"):
+                await client.call(ApiVerb.SUBMIT, {"project": "p", "scene": scene})
+            assert exit_status(RequestTooLarge("x")) == EXIT_USAGE
+        finally:
+            await nc.close()
+    finally:
+        server.stop()
