@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 __all__ = ["ServiceProcesses", "register", "run_demo", "run_up"]
 
 SERVICES = ("gateway", "scheduler", "worker", "finalizer")
+#: a service's exit codes that restarting cannot fix (see shared.runtime.service_main); the
+#: servers' exit codes mean other things, so a server that exits 2 is restarted as usual
+SERVICE_FINAL_EXITS: Mapping[int, str] = {2: "configuration error"}
 _REPO = Path(__file__).resolve().parent.parent
 
 
@@ -144,9 +147,12 @@ def export_lines(env: Mapping[str, str]) -> str:
 
 
 def _supervisor(stack: Stack, procs: ServiceProcesses, limits: RestartLimits) -> Supervisor:
-    """Every server and service of ``up``; a server's restart waits until it is ready again."""
+    """Every server and service of ``up``; a server's restart waits until it is ready again.
+
+    A service that exits 2 (a configuration error) is not restarted: ``up`` gives up at once.
+    """
     children = [Child(server.proc, server.start) for server in stack.servers()]
-    children += [Child(proc, proc.start) for proc in procs.procs.values()]
+    children += [Child(p, p.start, final_exits=SERVICE_FINAL_EXITS) for p in procs.procs.values()]
     return Supervisor(children, limits, pid_file=stack.data_dir / "pids.json")
 
 
@@ -163,7 +169,8 @@ def run_up(
 
     ``auth``: NATS with one least-privilege user per service and one for clients; the printed
     ``TESSERA_NATS_URL`` is the client user's. ``limits``: see :class:`RestartLimits`; a child
-    that fails more often than they allow stops everything (exit 1).
+    that fails more often than they allow stops everything (exit 1), so does a service that
+    exits with a configuration error, at once (exit 2).
     """
     namespace = os.environ.get("TESSERA_NAMESPACE", "").strip()
     stack = Stack(data_dir, s3=s3, auth=auth, namespace=namespace)
@@ -176,9 +183,11 @@ def run_up(
                 procs.start_all(workers=workers, scheduler_first=auth)
         except StackError as exc:
             print(f"tessera up: {exc}", file=sys.stderr)
+            # with --auth the scheduler must start first: a bad variable ends here
+            config = any(p.wait(0) in SERVICE_FINAL_EXITS for p in procs.procs.values())
             procs.stop_all()
             stack.stop()
-            return 1
+            return 2 if config else 1
         supervisor = _supervisor(stack, procs, limits or RestartLimits())
         try:
             print(export_lines(stack.env()), flush=True)
@@ -276,9 +285,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     up = sub.add_parser(
         "up",
         help="run the embedded stack and the four services in the foreground",
-        epilog="a server or service that exits is restarted with exponential backoff; exit "
+        epilog="a server or service that exits is restarted with exponential backoff, except a "
+        "service that exits 2 (a configuration error, which restarting cannot fix); exit "
         "status: 0 stopped by Ctrl-C or SIGTERM; 1 a server or service failed to start, or "
-        "failed more than --max-restarts times within --restart-window; 2 usage error",
+        "failed more than --max-restarts times within --restart-window; 2 usage error, or a "
+        "service exited with a configuration error (a bad TESSERA_* variable, a topology the "
+        "server refuses)",
     )
     up.add_argument(
         "--data-dir",

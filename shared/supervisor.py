@@ -8,6 +8,8 @@ day comes back after the base delay, one that crash-loops waits longer each time
 fails more than ``limits.max_restarts`` times within the window the supervisor gives up: it
 reports which child and why (its exit status and log tail) and returns 1; the caller stops
 everything. A restart that does not come up (its readiness check fails) counts as a failure too.
+An exit code listed in the child's ``final_exits`` (a service's 2: a configuration error) is one
+restarting cannot fix: the supervisor gives up at its first occurrence and returns that code.
 
 While it runs, ``pid_file`` (JSON) names every child's current PID, restart count and log, so
 scripts and tests can find a process without scraping output.
@@ -22,7 +24,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,6 +63,13 @@ class Child:
     restarts: int = 0
     failures: deque[float] = field(default_factory=deque)  # monotonic times, within the window
     due: float | None = None  # when the pending restart is due (None: none pending)
+    #: exit codes restarting cannot fix, with what they mean: the supervisor gives up at once
+    #: and :meth:`Supervisor.run` returns the code ({2: "configuration error"} for a service)
+    final_exits: Mapping[int, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if any(code == 0 for code in self.final_exits):
+            raise ValueError("exit code 0 cannot be final: run() returns 0 only when stopped")
 
     @property
     def name(self) -> str:
@@ -98,14 +107,15 @@ class Supervisor:
         self._log = log or (lambda text: print(f"tessera up: {text}", file=sys.stderr, flush=True))
 
     def run(self, stop: threading.Event) -> int:
-        """Supervise until ``stop`` is set (0) or a child exceeds the restart limits (1)."""
+        """Supervise until ``stop`` is set (0), a child exceeds the restart limits (1) or exits
+        with one of its ``final_exits`` (that exit code)."""
         self.write_pid_file()
         while not stop.wait(self._next_wait()):
             for child in self.children:
                 if stop.is_set():
                     return 0
-                if not self._tend(child):
-                    return 1
+                if status := self._tend(child):
+                    return status
         return 0
 
     def _next_wait(self) -> float:
@@ -113,20 +123,28 @@ class Supervisor:
         dues = [c.due - now for c in self.children if c.due is not None]
         return max(0.0, min([self.poll, *dues]))
 
-    def _tend(self, child: Child) -> bool:
-        """Notice a death or carry out a due restart; False when giving up."""
+    def _tend(self, child: Child) -> int:
+        """Notice a death or carry out a due restart; 0, or the exit status when giving up."""
         now = time.monotonic()
         if child.due is None:
-            return child.proc.alive() or self._failed(child, now, exit_status(child.proc.wait(0)))
+            return 0 if child.proc.alive() else self._failed(child, now, child.proc.wait(0))
         if now >= child.due:
             child.due = None
             self._restart(child)
-        return True
+        return 0
 
-    def _failed(self, child: Child, now: float, why: str) -> bool:
+    def _failed(self, child: Child, now: float, code: int | None) -> int:
         # Whatever the dead leader left in its process group (PostgreSQL backends) must go
         # before a new one starts on the same port and data directory.
         child.proc.stop(timeout=5)
+        why = exit_status(code)
+        if code is not None and code in child.final_exits:
+            self._log(
+                f"{child.name} exited with a {child.final_exits[code]} ({why}): restarting "
+                f"cannot help; giving up and stopping everything; its log "
+                f"({child.proc.log_path}):\n{child.proc.log_tail()}"
+            )
+            return code
         child.failures.append(now)
         while child.failures and child.failures[0] < now - self.limits.window:
             child.failures.popleft()
@@ -138,7 +156,7 @@ class Supervisor:
                 f"up and stopping everything; its log ({child.proc.log_path}):\n"
                 f"{child.proc.log_tail()}"
             )
-            return False
+            return 1
         delay = backoff(self.limits.backoff, failures)
         child.due = now + delay
         self._log(
@@ -146,7 +164,7 @@ class Supervisor:
             f"{delay:.2f} s (failure {failures} within {self.limits.window:g} s; "
             f"{self.limits.max_restarts} restarts allowed)"
         )
-        return True
+        return 0
 
     def _restart(self, child: Child) -> None:
         child.restarts += 1

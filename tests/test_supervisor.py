@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
+
 from shared.procs import ManagedProcess, wait_for
 from shared.retry import RetryPolicy
 from shared.supervisor import Child, RestartLimits, Supervisor
@@ -93,3 +95,48 @@ def test_the_pid_file_names_every_child(tmp_path: Path) -> None:
         assert not (tmp_path / "p").exists()
     finally:
         proc.stop(timeout=2)
+
+
+def test_a_final_exit_code_gives_up_at_once_with_that_code(tmp_path: Path) -> None:
+    proc = ManagedProcess("svc", ["sh", "-c", "echo 'bad TESSERA_X'; exit 2"], tmp_path / "v.log")
+    proc.start()
+    child = Child(proc, proc.start, final_exits={2: "configuration error"})
+    lines: list[str] = []
+    supervisor = Supervisor([child], RestartLimits(backoff=FAST), poll=0.01, log=lines.append)
+    try:
+        assert supervisor.run(threading.Event()) == 2, lines
+    finally:
+        proc.stop(timeout=2)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(
+        "svc exited with a configuration error (exit code 2): restarting cannot help; giving up "
+        "and stopping everything; its log"
+    )
+    assert lines[0].endswith("\nbad TESSERA_X"), "the log tail says why"
+    assert child.restarts == 0
+
+
+def test_an_exit_code_that_is_final_for_another_child_is_restarted(tmp_path: Path) -> None:
+    # A server's exit 2 means something else: without final_exits it is an ordinary failure.
+    proc = ManagedProcess("server", ["sh", "-c", "exit 2"], tmp_path / "s.log")
+    proc.start()
+    child = Child(proc, proc.start)
+    lines = _supervise(child, RestartLimits(max_restarts=2, window=600, backoff=FAST))
+    assert child.restarts == 2
+    assert "server exited unexpectedly (exit code 2); restart 1 in" in lines[0]
+    assert "server failed 3 times within 600 s (last: exit code 2;" in lines[-1]
+    assert not any("configuration error" in line for line in lines)
+
+
+def test_only_other_exit_codes_of_a_child_with_final_exits_are_restarted(tmp_path: Path) -> None:
+    proc = ManagedProcess("svc", ["sh", "-c", "exit 1"], tmp_path / "v.log")
+    proc.start()
+    child = Child(proc, proc.start, final_exits={2: "configuration error"})
+    lines = _supervise(child, RestartLimits(max_restarts=1, window=600, backoff=FAST))
+    assert child.restarts == 1 and "svc failed 2 times" in lines[-1], lines
+
+
+def test_exit_code_0_cannot_be_final(tmp_path: Path) -> None:
+    proc = ManagedProcess("svc", ["true"], tmp_path / "v.log")
+    with pytest.raises(ValueError, match="exit code 0 cannot be final"):
+        Child(proc, proc.start, final_exits={0: "stopped"})

@@ -235,23 +235,77 @@ def test_a_killed_nats_server_comes_back_on_its_port_and_the_job_in_flight_compl
         assert up.interrupt() == 0
 
 
-def test_a_child_that_keeps_failing_stops_up_with_its_reason(server_dir: Path) -> None:
-    """A bad setting makes every service exit at start: restarted twice, then up gives up."""
+def test_a_configuration_error_stops_up_at_once_without_restarts(server_dir: Path) -> None:
+    """A bad setting makes every service exit 2 at start: restarting cannot help, up gives up
+    at the first such exit and exits 2 (a configuration error)."""
     env = {"TESSERA_LEASE_TTL": "soon"}
     with running_up(server_dir, "--max-restarts", "2", env=env) as up:
         up.read_exports()
-        assert up.popen.wait(timeout=90) == 1
+        assert up.popen.wait(timeout=90) == 2
         err = up.stderr()
         up.seen |= {int(p) for p in re.findall(r"PID (\d+)", err)}
         gave_up = re.search(
-            r"(gateway|scheduler|finalizer|worker-1) failed 3 times within 60 s \(last: exit "
-            r"code 2; at most 2 restarts allowed\); giving up and stopping everything", err
+            r"(gateway|scheduler|finalizer|worker-1) exited with a configuration error \(exit "
+            r"code 2\): restarting cannot help; giving up and stopping everything", err
         )  # fmt: skip
         assert gave_up, err
         assert "TESSERA_LEASE_TTL" in err.split("giving up", 1)[1], "its log tail shows why"
-        assert f"{gave_up[1]} 2" in err.rsplit("restarts: ", 1)[1]
+        assert "exited unexpectedly" not in err and "restarted as PID" not in err, err
+        restarts = err.rsplit("restarts: ", 1)[1]
+        assert f"{gave_up[1]} 0" in restarts and " 1" not in restarts, restarts
         assert not up.pid_file.exists()
-    assert len(up.seen) >= 6 + 2
+    assert len(up.seen) == 6, "only the first start of each child"
+
+
+def test_with_auth_a_configuration_error_of_the_first_service_exits_2(server_dir: Path) -> None:
+    """--auth starts the scheduler alone first: its exit 2 ends `up` before supervision."""
+    env = {"TESSERA_LEASE_TTL": "soon"}
+    with running_up(server_dir, "--auth", env=env) as up:
+        assert up.popen.wait(timeout=90) == 2
+        err = up.stderr()
+        assert "scheduler did not start" in err and "TESSERA_LEASE_TTL" in err, err
+        assert not up.pid_file.exists()
+    left = [p.pid for p in psutil.process_iter(["cmdline"])
+            if str(server_dir) in " ".join(p.info["cmdline"] or [])]  # fmt: skip
+    assert not left, "no server of this stack is left"
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_that_keeps_crashing_is_restarted_up_to_the_limit_then_up_gives_up(
+    server_dir: Path,
+) -> None:
+    """Every worker start SIGKILLs itself at its first tile: restarted twice, then up gives up."""
+    env = {"TESSERA_CRASH_AT": "worker.before_lease"}
+    with running_up(server_dir, "--max-restarts", "2", env=env) as up:
+        up.read_exports()
+        eventually_sync(up.running, timeout=60, what="every child has a live PID")
+        job = _job_id(up.cli("submit", "cornell", *QUICK_JOB))  # 4 tiles: one per worker start
+        assert up.popen.wait(timeout=120) == 1
+        err = up.stderr()
+        up.seen |= {int(p) for p in re.findall(r"PID (\d+)", err)}
+        for n in (1, 2):
+            assert f"worker-1 exited unexpectedly (signal SIGKILL); restart {n} in" in err, err
+            assert re.search(rf"worker-1 restarted as PID \d+ \(restart {n}\)", err), err
+        assert "restart 3 in" not in err
+        assert re.search(
+            r"worker-1 failed 3 times within 60 s \(last: signal SIGKILL; at most 2 restarts "
+            r"allowed\); giving up and stopping everything", err
+        ), err  # fmt: skip
+        crashed = "crash point worker.before_lease reached; SIGKILL"
+        assert crashed in err.split("giving up", 1)[1], "its log tail shows why"
+        log = (server_dir / "logs" / "worker-1.log").read_text()
+        assert log.count(crashed) == 3, "every restarted worker re-armed the crash point"
+        assert "configuration error" not in err
+        assert "restarts: nats-server n1 0, postgres 0, gateway 0, scheduler 0, finalizer 0, " \
+               "worker-1 2" in err  # fmt: skip
+        assert not up.pid_file.exists()
+    assert len(up.seen) == 6 + 2
+    # Nothing was lost: `up` again on the same data (no crash point) completes the job.
+    with running_up(server_dir) as again:
+        again.read_exports()
+        watched = again.cli("watch", job, "--interval", "0.5")
+        assert watched.returncode == 0, (watched.stdout, watched.stderr, again.stderr())
+        assert again.interrupt() == 0
 
 
 @pytest.mark.parametrize(
