@@ -55,7 +55,12 @@ Everything below is enough to write a client in any language that has a NATS cli
 - **Reply body:** always JSON, `{"ok": true, ...fields}` or
   `{"ok": false, "error": {"code": "...", "message": "..."}}`. `code` is one of the error codes
   below; `message` is for humans (at most $message characters) and never to be parsed. Every field
-  of an ok reply is always present (`null` is a value: "none" or "not yet").
+  of an ok reply is always present (`null` is a value: "none" or "not yet"). A `busy` error
+  also carries `"retry_after"`: seconds (a number) to wait before sending the same request
+  again; nothing was done with the refused one.
+- **Sizes of requests:** the NATS server's `max_payload` is $max_payload_mib MiB in every
+  configuration Tessera ships; a client should check the body against both limits before
+  sending (a body over `max_payload` is refused by the NATS client library or the server).
 - **Sizes:** a reply is kept below half the NATS server's `max_payload`, and at most
   $reply_kib KiB: a list page ends early (its `next_cursor` says where), a requeue report
   counts what it left out in `omitted`, a result chunk carries fewer bytes.
@@ -113,7 +118,7 @@ def _md(text: str) -> str:
 
 
 def _cell(text: str) -> str:
-    return _md(text).replace("|", "\\|").replace("\n", " ")
+    return " ".join(_md(text).replace("|", "\\|").split())
 
 
 def _fields_table(schema: type, *, defaults: bool) -> list[str]:
@@ -221,6 +226,7 @@ def render() -> str:
     intro = string.Template(_INTRO).substitute(
         queue=QUEUE_GROUP_GATEWAY,
         request_mib=limits.MAX_REQUEST_BYTES // 2**20,
+        max_payload_mib=limits.NATS_MAX_PAYLOAD // 2**20,
         message=replies.MAX_MESSAGE,
         reply_kib=limits.MAX_REPLY_BYTES // 1024,
     )
