@@ -15,7 +15,8 @@ from typing import Any
 
 import orjson
 
-import kernel
+from kernel.loader import read_scene_file
+from kernel.scene import SceneError
 from proto.api import SubmitRequest
 from proto.limits import Scene, frame_range
 from services.client import output
@@ -33,13 +34,17 @@ def _print_json(fields: dict[str, Any]) -> None:
 
 
 def load_scene(arg: str) -> Scene:
-    """A scene file (loaded, OBJ meshes inlined) if ``arg`` is a path, else a builtin name."""
+    """A scene file (read, OBJ meshes inlined) if ``arg`` is a path, else a builtin name.
+
+    The gateway validates the document (with the kernel that will render it), so the client
+    needs neither numpy nor numba.
+    """
     path = Path(arg)
     if not path.is_file() and os.sep not in arg and path.suffix != ".json":
         return arg
     try:
-        return kernel.load_scene_file(path)
-    except (kernel.SceneError, OSError) as exc:
+        return read_scene_file(path)
+    except (SceneError, OSError) as exc:
         raise CommandFailed(f"scene file {arg}: {exc}", EXIT_USAGE) from exc
 
 
