@@ -14,11 +14,12 @@ RUN groupadd --system --gid 10001 tessera \
  && useradd --system --uid 10001 --gid tessera --home-dir /home/tessera --create-home tessera
 
 WORKDIR /opt/tessera
-# Dependencies first (their layer survives code changes), then the code.
+# Dependencies first (their layer survives code changes), then the code. The services need the
+# render extra (numba, numpy, asyncpg, ...): plain `pip install .` is only the client.
 COPY pyproject.toml README.md ./
 RUN mkdir services shared kernel proto \
  && touch services/__init__.py shared/__init__.py kernel/__init__.py proto/__init__.py \
- && pip install . && pip uninstall --yes tessera
+ && pip install '.[render]' && pip uninstall --yes tessera
 COPY services ./services
 COPY shared ./shared
 COPY kernel ./kernel

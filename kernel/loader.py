@@ -3,6 +3,9 @@
 ``meshes[i].obj`` names a Wavefront OBJ file relative to the scene file; the loader replaces it
 with inline ``vertices`` and ``indices`` so the returned document can travel over the queue and be
 validated anywhere without access to the client's files.
+
+:func:`read_scene_file` only reads and inlines (pure Python: the client-only install uses it and
+leaves validation to the gateway); :func:`load_scene_file` also validates, which needs numpy.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from kernel.scene import MAX_TRIANGLES, MAX_VERTICES, SceneError
-from kernel.validate import validate_scene
 
 MAX_FILE_BYTES = 64 * 1024 * 1024
 """Largest scene or OBJ file the loader reads."""
@@ -25,17 +27,31 @@ def load_scene_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     Returns the self-contained document (a plain JSON-able dict); raises :class:`SceneError`
     for unreadable or invalid files.
     """
+    from kernel.validate import validate_scene  # numpy: not needed to read a file
+
+    doc = read_scene_file(path)
+    validate_scene(doc)
+    return doc
+
+
+def read_scene_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a JSON scene file and inline its OBJ meshes, without validating the document.
+
+    Raises :class:`SceneError` for an unreadable file, invalid JSON, a document that is not a
+    JSON object, or a bad OBJ file (syntax, or more vertices or triangles than the limits).
+    """
     scene_path = Path(path)
     try:
         doc = json.loads(_read(scene_path, "scene file"))
     except json.JSONDecodeError as exc:
         raise SceneError(f"scene file {scene_path}: invalid JSON: {exc}") from None
-    if isinstance(doc, dict) and isinstance(doc.get("meshes"), list):
+    if not isinstance(doc, dict):
+        raise SceneError(f"scene file {scene_path}: the scene must be a JSON object")
+    if isinstance(doc.get("meshes"), list):
         doc["meshes"] = [
             _inline(mesh, f"meshes[{i}]", scene_path.parent) for i, mesh in enumerate(doc["meshes"])
         ]
-    validate_scene(doc)
-    return doc  # type: ignore[no-any-return]
+    return doc
 
 
 def _read(path: Path, what: str) -> str:

@@ -8,9 +8,10 @@ it back into the canonical JSON document that :func:`kernel.hashing.input_hash` 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:  # only annotations: the scene format itself needs no numpy
+    import numpy as np
 
 FORMAT_VERSION = 1
 """The scene document format this kernel reads (the optional ``version`` field)."""

@@ -10,12 +10,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-import kernel
+from kernel.loader import read_scene_file
+from kernel.scene import SceneError
 from proto.api import SubmitRequest
 from proto.limits import Scene, frame_range
 from services.client import output
@@ -32,14 +34,32 @@ def _print_json(fields: dict[str, Any]) -> None:
 
 
 def load_scene(arg: str) -> Scene:
-    """A scene file (loaded, OBJ meshes inlined) if ``arg`` is a path, else a builtin name."""
+    """A scene file (read, OBJ meshes inlined) if ``arg`` is a path, else a builtin name.
+
+    Where the render stack is installed the document is validated here too, so a bad scene
+    is a usage error (exit 2) before anything is sent; a client-only install (no numpy) leaves
+    that to the gateway, which validates every scene with the kernel that will render it.
+    """
     path = Path(arg)
     if not path.is_file() and os.sep not in arg and path.suffix != ".json":
         return arg
     try:
-        return kernel.load_scene_file(path)
-    except (kernel.SceneError, OSError) as exc:
+        doc = read_scene_file(path)
+        validate = _local_validator()
+        if validate is not None:
+            validate(doc)
+    except (SceneError, OSError) as exc:
         raise CommandFailed(f"scene file {arg}: {exc}", EXIT_USAGE) from exc
+    return doc
+
+
+def _local_validator() -> Callable[[object], object] | None:
+    """The kernel's scene validation, or None on a client-only install (no numpy)."""
+    try:
+        from kernel.validate import validate_scene
+    except ImportError:
+        return None
+    return validate_scene
 
 
 def parse_frames(frame: int | None, frames: str | None) -> range:

@@ -17,7 +17,7 @@ import uuid
 
 from nats.aio.msg import Msg
 
-import kernel
+import kernel.image  # numpy and Pillow load at start-up, not in the first finalization
 from proto import names as n
 from proto.messages import JobEvent, TileDone
 from services.announce import announce

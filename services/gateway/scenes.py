@@ -11,7 +11,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-import kernel
+import kernel.hashing  # numpy loads at start-up, not in the first submit
 from proto.api import SubmitRequest
 from proto.limits import Scene
 from shared.errors import ValidationError

@@ -8,7 +8,7 @@ import functools
 import itertools
 from concurrent.futures import ThreadPoolExecutor
 
-import kernel
+import kernel.render  # numba loads when the worker starts, not on its first tile
 from shared.tiles import Accumulator, Rect
 
 __all__ = ["KernelThreads"]

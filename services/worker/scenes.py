@@ -9,7 +9,7 @@ from concurrent.futures import Executor
 
 import numpy as np
 
-import kernel
+import kernel.flatten  # numba loads when the worker starts, not on its first scene
 from shared.errors import TerminalError
 from shared.metadata import Job
 

@@ -6,12 +6,14 @@ Other modules use only what this package exports::
     digest = await store.put(tile_result_key(job, i, sha), data)
     data = await store.get(key, sha256=digest)   # CorruptObject if the bytes differ
 
-See :mod:`shared.objectstore.base` for the error types.
+See :mod:`shared.objectstore.base` for the error types. :class:`S3Store` (aioboto3, part of the
+``render`` extra) is imported on first use, so the client-only install can use the rest.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from shared.config import ObjectStoreSettings
 from shared.errors import ConfigError
@@ -26,7 +28,9 @@ from shared.objectstore.base import (
 )
 from shared.objectstore.directory import DirectoryStore
 from shared.objectstore.keys import checkpoint_key, render_key, render_sha256, tile_result_key
-from shared.objectstore.s3 import S3Store
+
+if TYPE_CHECKING:
+    from shared.objectstore.s3 import S3Store
 
 __all__ = [
     "CorruptObject",
@@ -56,5 +60,17 @@ async def open_object_store(settings: ObjectStoreSettings) -> ObjectStore:
             )
         return await DirectoryStore.open(Path(settings.path))
     if settings.kind == "s3":
+        from shared.objectstore.s3 import S3Store  # aioboto3: only where S3 is used
+
         return await S3Store.open(settings)
     raise ConfigError(f"TESSERA_OBJECT_STORE: unknown store kind {settings.kind!r}")
+
+
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> Any:
+        if name != "S3Store":
+            raise AttributeError(f"module 'shared.objectstore' has no attribute {name!r}")
+        from shared.objectstore.s3 import S3Store
+
+        return S3Store

@@ -288,3 +288,17 @@ async def test_a_scene_within_the_limits_is_sent_and_an_oversize_one_is_a_usage_
     assert refused.status == 2, refused.err
     assert "exceeds the limit 4194304" in refused.err
     assert "Traceback" not in refused.err
+
+
+async def test_an_invalid_scene_file_is_a_usage_error_where_the_kernel_is_installed(
+    gateway: Gateway, tessera: CliRunner, tmp_path: Path
+) -> None:
+    """The full install validates a scene file before sending it (the client-only install
+    leaves that to the gateway: tests/test_light_client.py)."""
+    scene = kernel.builtin_scene("cornell")
+    scene["spheres"][0]["radius"] = -1.0
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(scene))
+    result = await tessera("submit", str(path), *SMALL)
+    assert result.status == 2, result.err
+    assert "spheres[0].radius" in result.err and "Traceback" not in result.err

@@ -89,6 +89,7 @@ def test_the_dockerfile_builds_one_non_root_image_whose_command_picks_the_servic
     assert yaml.safe_load(cmd)[0] in SERVICES
     runs = " ".join(arg for op, arg in steps if op == "RUN")
     assert "pip install" in runs and "warm_numba.py" in runs
+    assert "pip install '.[render]'" in runs  # plain `.` is the client alone: no numba
     assert steps.index(("USER", users[-1])) > max(
         i for i, (op, _) in enumerate(steps) if op == "RUN"
     )
