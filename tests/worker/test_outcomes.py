@@ -15,20 +15,27 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 import pytest
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+import kernel
 from proto import names as n
 from proto.messages import JobMessage, TileMessage
 from services.gateway.handlers import Handlers
+from services.scheduler.exhausted import Exhausted
 from services.scheduler.planner import Planner
 from services.worker.loop import Worker
+from services.worker.scenes import KernelFailure
 from shared.config import Settings
+from shared.errors import StoreUnavailable
+from shared.leases import LeaseOwner
 from shared.lifecycle import TileState
 from shared.metadata import Attempt, AttemptOutcome
+from shared.objectstore import DirectoryStore
 from shared.runtime import Runtime
 from tests.helpers import eventually
 
@@ -43,6 +50,7 @@ class Held:
 
     task: asyncio.Task[None]
     gate: threading.Event
+    msg: Msg
 
     async def release(self) -> None:
         """Let the pass run and wait for the delivery to be settled."""
@@ -96,27 +104,32 @@ async def _node(env: dict[str, str]) -> AsyncIterator[Node]:
         await rt.close()
 
 
-async def _submit(rt: Runtime) -> str:
+async def _submit(rt: Runtime, **over: Any) -> str:
     handlers = Handlers(rt.db, rt.js, rt.names, rt.log)
-    job_id: str = (await handlers.submit(orjson.dumps(BODY), None))["job_id"]
+    job_id: str = (await handlers.submit(orjson.dumps(BODY | over), None))["job_id"]
     await Planner(rt).plan(JobMessage(job_id, 0))
     return job_id
 
 
 @asynccontextmanager
-async def _held_in_pass(node: Node, job_id: str) -> AsyncIterator[Held]:
-    """Deliver the tile to ``node``; inside, it is fenced and its pass waits for a thread."""
+async def _held(node: Node, job_id: str, *, in_pass: bool = True) -> AsyncIterator[Held]:
+    """Deliver the tile to ``node``; inside, it is fenced and waits for its only kernel thread:
+    in its first pass (the scene prepared beforehand), or else in the scene's preparation."""
     job = await node.worker.job(job_id)
     assert job is not None
-    await node.worker.scenes.get(job, node.worker.kernels.executor)  # prepared before the gate
+    if in_pass:
+        await node.worker.scenes.get(job, node.worker.kernels.executor)
     gate = threading.Event()
     blocker = node.worker.kernels.executor.submit(gate.wait, 300)
     try:
         msg = await node.fetch()
-        held = Held(asyncio.create_task(node.worker.handle(msg)), gate)
-        await eventually(lambda: node.worker.kernels.running == 1, what="the pass waits")
+        held = Held(asyncio.create_task(node.worker.handle(msg)), gate, msg)
+        if in_pass:
+            await eventually(lambda: node.worker.kernels.running == 1, what="the pass waits")
+        else:
+            await eventually(lambda: node.rt.db.attempts(job_id), what="the tile is fenced")
         yield held
-        assert blocker.done() and blocker.result(), "the test, not a timeout, let the pass run"
+        assert blocker.done() and blocker.result(), "the test, not a timeout, let it run"
     finally:
         gate.set()
 
@@ -154,7 +167,7 @@ async def test_a_commit_refused_as_already_done_is_not_counted_as_this_workers_t
         _node(_env(settings_env, "worker-b", **slow)) as b,
     ):
         job_id = await _submit(a.rt)
-        async with _held_in_pass(a, job_id) as held:
+        async with _held(a, job_id) as held:
             first = await _attempt_of(a, job_id)
             await _expire_lease(a.rt.js, a.rt.names, job_id)
             # The sweeper's copy of the tile (a new generation) goes to B, which takes over.
@@ -190,7 +203,7 @@ async def test_a_lease_lost_after_the_last_pass_ends_the_attempt_as_lease_lost(
     beating = {"lease_ttl": "10", "heartbeat_interval": "0.1", "ack_wait": "30"}
     async with _node(_env(settings_env, "worker-a", **beating)) as a:
         job_id = await _submit(a.rt)
-        async with _held_in_pass(a, job_id) as held:
+        async with _held(a, job_id) as held:
             first = await _attempt_of(a, job_id)
             lost = _lines(caplog, first.attempt_id)
             await _expire_lease(a.rt.js, a.rt.names, job_id)
@@ -204,3 +217,97 @@ async def test_a_lease_lost_after_the_last_pass_ends_the_attempt_as_lease_lost(
         assert lost("tile stopped"), "stopped like a loss between passes"
         tile = await a.rt.db.get_tile(job_id, 0)
         assert tile is not None and tile.state is not TileState.DONE, "nothing committed"
+
+
+async def _dead_letter(rt: Runtime, held: Held) -> None:
+    """What the scheduler does when the tile's message ran out of deliveries (its advisory)."""
+    seq = held.msg.metadata.sequence.stream
+    await Exhausted(rt).exhausted(rt.names.stream(n.STREAM_TILES), seq, 5)
+
+
+async def test_a_retryable_failure_after_the_tile_was_dead_lettered_still_ends_the_attempt(
+    settings_env: dict[str, str], database_url: str
+) -> None:
+    env = _env(settings_env, "worker-a", inline_result_bytes="0")  # the result is an object
+    async with _node(env) as a, _node(env | {"TESSERA_NODE": "scheduler"}) as scheduler:
+        job_id = await _submit(a.rt)
+        async with _held(a, job_id) as held:
+            await _dead_letter(scheduler.rt, held)  # deliveries ran out under a slow owner
+            assert isinstance(a.rt.store, DirectoryStore)
+            root = a.rt.store.root
+            root.rename(root.with_name("objects-unmounted"))
+            root.write_bytes(b"the volume is gone")  # the result write fails: retryable
+            await held.release()
+
+        ended = await _attempt_of(a, job_id)
+        assert ended.outcome is AttemptOutcome.RETRYABLE, ended
+        assert ended.ended_at is not None and ended.error_code == StoreUnavailable.code
+        tile = await a.rt.db.get_tile(job_id, 0)
+        assert tile is not None and tile.state is TileState.DEAD_LETTERED, "left as it was"
+        assert a.count("tessera_retries_total", code=StoreUnavailable.code) == 1
+
+
+# As in a worker process, where numpy warnings are not errors: the camera's NaN is the point.
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+async def test_a_terminal_failure_after_the_tile_was_dead_lettered_still_ends_the_attempt(
+    settings_env: dict[str, str], database_url: str
+) -> None:
+    env = _env(settings_env, "worker-a")
+    scene = kernel.builtin_scene("spheres")
+    scene["camera"]["up"] = [1e-200, 0, 0]  # validates, but the prepared camera is NaN
+    async with _node(env) as a, _node(env | {"TESSERA_NODE": "scheduler"}) as scheduler:
+        job_id = await _submit(a.rt, scene=scene)
+        async with _held(a, job_id, in_pass=False) as held:
+            await _dead_letter(scheduler.rt, held)
+            await held.release()  # the scene is prepared, and refused: kernel_failure
+
+        ended = await _attempt_of(a, job_id)
+        assert ended.outcome is AttemptOutcome.TERMINAL, ended
+        assert ended.ended_at is not None and ended.error_code == KernelFailure.code
+
+
+async def test_a_hand_back_whose_checkpoint_is_fenced_ends_the_attempt_as_fenced(
+    settings_env: dict[str, str], database_url: str
+) -> None:
+    slow = {"lease_ttl": "3600", "heartbeat_interval": "1800", "ack_wait": "7200"}
+    async with _node(_env(settings_env, "worker-a", **slow)) as a:
+        job_id = await _submit(a.rt, spp=8)  # two passes of 4
+        async with _held(a, job_id) as held:
+            first = await _attempt_of(a, job_id)
+            await _expire_lease(a.rt.js, a.rt.names, job_id)
+            owner = LeaseOwner(node="worker-b", attempt_id="b-attempt")
+            lease = await a.rt.leases.acquire(n.lease_key_tile(job_id, 0), owner)
+            assert lease is not None and lease.token > first.fence
+            assert await a.rt.db.fence_tile(
+                job_id, 0, token=lease.token, attempt_id="b-attempt", node="worker-b"
+            ), "B takes the tile over"
+            a.worker.handing_back.set()  # SIGTERM: A checkpoints its first pass to hand back
+            await held.release()
+
+        ended = await _attempt_of(a, job_id)
+        assert ended.outcome is AttemptOutcome.FENCED, ended
+        assert ended.ended_at is not None and ended.error_code == "fenced"
+
+
+async def test_a_drain_whose_grace_runs_out_ends_the_attempt_as_handed_back(
+    settings_env: dict[str, str], database_url: str
+) -> None:
+    async with _node(_env(settings_env, "worker-a", grace_period="0")) as a:
+        job_id = await _submit(a.rt)
+        job = await a.worker.job(job_id)
+        assert job is not None
+        await a.worker.scenes.get(job, a.worker.kernels.executor)
+        gate = threading.Event()
+        a.worker.kernels.executor.submit(gate.wait, 300)  # the pass cannot end in the grace
+        stop = asyncio.Event()
+        try:
+            running = asyncio.create_task(a.worker.run(stop))
+            await eventually(lambda: a.worker.kernels.running == 1, what="the pass waits")
+            stop.set()  # SIGTERM with no grace left: the tile's task is cancelled mid-pass
+            await asyncio.wait_for(running, 30)
+        finally:
+            gate.set()
+
+        ended = await _attempt_of(a, job_id)
+        assert ended.outcome is AttemptOutcome.HANDED_BACK, ended
+        assert ended.ended_at is not None and ended.error_code == "grace_expired"
