@@ -34,7 +34,7 @@ from services.worker.heartbeat import Heartbeat
 from services.worker.scenes import KernelFailure
 from shared import crash
 from shared.config import Tuning
-from shared.errors import DecodeError, LeaseLost, RetryableError, TerminalError
+from shared.errors import DecodeError, LeaseLost, RetryableError, TerminalError, TesseraError
 from shared.jetstream import ack_sync_retry, publish
 from shared.leases import Lease, LeaseOwner
 from shared.lifecycle import IllegalTransition, JobTrigger, TileState, TileTrigger, is_terminal
@@ -94,11 +94,17 @@ class TileRun:
         except IllegalTransition as exc:
             # A race with a state change elsewhere (a cancel, a finished job): nothing to redo.
             self.log.info("tile no longer applicable", error=str(exc))
+            with contextlib.suppress(RetryableError):
+                await self._end_attempt(AttemptOutcome.FENCED, exc.code, str(exc))
             await ack_sync_retry(self.msg)
         except TerminalError as exc:
             await self._terminal(tm, exc)
         except RetryableError as exc:
             await self._retryable(tm, exc)
+        except Exception as exc:  # a bug: consume logs it; the message comes back after ack_wait
+            with contextlib.suppress(Exception):
+                await self._end_attempt(AttemptOutcome.RETRYABLE, TesseraError.code, repr(exc))
+            raise
 
     # ------------------------------------------------------------------ steps 1-3
 

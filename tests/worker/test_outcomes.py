@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import warnings
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from services.worker.scenes import KernelFailure
 from shared.config import Settings
 from shared.errors import StoreUnavailable
 from shared.leases import LeaseOwner
-from shared.lifecycle import TileState
+from shared.lifecycle import IllegalTransition, TileState
 from shared.metadata import Attempt, AttemptOutcome
 from shared.objectstore import DirectoryStore
 from shared.runtime import Runtime
@@ -311,3 +312,41 @@ async def test_a_drain_whose_grace_runs_out_ends_the_attempt_as_handed_back(
         ended = await _attempt_of(a, job_id)
         assert ended.outcome is AttemptOutcome.HANDED_BACK, ended
         assert ended.ended_at is not None and ended.error_code == "grace_expired"
+
+
+async def test_a_cancel_the_dead_lettered_tile_no_longer_allows_still_ends_the_attempt(
+    settings_env: dict[str, str], database_url: str
+) -> None:
+    env = _env(settings_env, "worker-a")
+    async with _node(env) as a, _node(env | {"TESSERA_NODE": "scheduler"}) as scheduler:
+        job_id = await _submit(a.rt, spp=8)  # two passes of 4: a check between them
+        async with _held(a, job_id) as held:
+            await a.rt.db.request_cancel(job_id)  # the user cancels ...
+            await _dead_letter(scheduler.rt, held)  # ... as the tile runs out of deliveries
+            a.worker.cancelled[job_id] = None  # the job-cancelled event reaches the worker
+            await held.release()
+
+        ended = await _attempt_of(a, job_id)
+        assert ended.outcome is AttemptOutcome.FENCED, ended
+        assert ended.ended_at is not None and ended.error_code == IllegalTransition.code
+
+
+# A kernel exception of a type nobody expected (numpy's RuntimeWarning raised as an error).
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+async def test_an_unexpected_exception_still_ends_the_attempt(
+    settings_env: dict[str, str], database_url: str
+) -> None:
+    scene = kernel.builtin_scene("spheres")
+    scene["camera"]["up"] = [1e-200, 0, 0]  # its normalisation divides by zero
+    async with _node(_env(settings_env, "worker-a")) as a:
+        with warnings.catch_warnings():  # the gateway's validation, as in its own process
+            warnings.simplefilter("ignore", RuntimeWarning)
+            job_id = await _submit(a.rt, scene=scene)
+        async with _held(a, job_id, in_pass=False) as held:
+            with pytest.raises(RuntimeWarning):  # re-raised: consume logs "handler crashed"
+                await held.release()
+
+        ended = await _attempt_of(a, job_id)
+        assert ended.outcome is AttemptOutcome.RETRYABLE, ended
+        assert ended.ended_at is not None and ended.error_code == "internal"
+        assert "RuntimeWarning" in (ended.error or "")
