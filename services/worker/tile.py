@@ -179,10 +179,11 @@ class TileRun:
             self.log.info("resumed from checkpoint", samples=progress.resumed_from)
         with self.rt.metrics.tiles_in_flight.track_inprogress():
             try:
-                await self._render(job, tile, acc, progress, beat)
-                await self._commit(job, tile, acc, progress, beat)
-            except _Stop as stop:
-                await self._stopped(job, tile, acc, progress, beat, stop.why)
+                try:
+                    await self._render(job, tile, acc, progress, beat)
+                    await self._commit(job, tile, acc, progress, beat)
+                except _Stop as stop:
+                    await self._stopped(job, tile, acc, progress, beat, stop.why)
             except asyncio.CancelledError:
                 # The drain's grace period ran out (or the loop is going away) mid-attempt:
                 # the message is redelivered after ack_wait; say so in the attempt row.
@@ -412,7 +413,8 @@ class TileRun:
                 node=self.rt.node, outcome="terminal",
             )  # fmt: skip
         except IllegalTransition:  # e.g. failed before it was ever leased, or the tile moved on
-            await self._end_attempt(AttemptOutcome.TERMINAL, exc.code, str(exc))
+            with contextlib.suppress(RetryableError):
+                await self._end_attempt(AttemptOutcome.TERMINAL, exc.code, str(exc))
         await self.w.fail_job(tm.job_id, JobTrigger.TERMINAL_FAILURE, exc)
         await self.msg.term()
 
