@@ -62,6 +62,11 @@ class Metrics:
         self.tiles_completed = Counter(
             "tessera_tiles_completed", "Tiles committed by this worker", registry=r
         )
+        self.commits_refused = Counter(
+            "tessera_tile_commits_refused",
+            "Tile commits the store refused: reason already_done (another owner committed "
+            "first) or fenced (a newer owner holds the tile)", ["reason"], registry=r,
+        )  # fmt: skip
         self.tile_attempts = Counter(
             "tessera_tile_attempts", "Tile attempts started (lease taken and fenced)", registry=r
         )

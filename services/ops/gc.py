@@ -10,7 +10,8 @@ crash inside ``put`` (S3 puts are atomic and leave none).
 What gc deletes is only ever under ``checkpoints/`` or a hidden temporary file:
 ``tiles/`` (tile results, which finalization reads) and ``renders/`` (published images, named
 by ``result_location``/``float_location``) are never candidates, whatever their age; every
-deletion is checked against that rule again right before it happens.
+deletion is checked against that rule again right before it happens. Directories a deletion
+leaves empty are removed with it (a temporary file here, an object by the store itself).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from shared.leases import ProgressPointers
 from shared.lifecycle import JobState, TileState, is_terminal
 from shared.metadata import MetadataStore
 from shared.objectstore import DirectoryStore, ObjectInfo, ObjectStore
+from shared.objectstore.directory import prune_empty_dirs
 
 __all__ = ["Garbage", "collect", "find_garbage", "parse_age"]
 
@@ -137,9 +139,14 @@ async def collect(store: ObjectStore, garbage: list[Garbage]) -> int:
                 store.root
             ):
                 raise ValidationError(f"gc refuses to delete {item.key}: not a temporary file")
-            await asyncio.to_thread(path.unlink, missing_ok=True)
+            await asyncio.to_thread(_unlink_temp, path, store.root)
         else:
             if _CHECKPOINT_RE.fullmatch(item.key) is None:
                 raise ValidationError(f"gc refuses to delete {item.key}: not a checkpoint")
             await store.delete(item.key)
     return len(garbage)
+
+
+def _unlink_temp(path: Path, root: Path) -> None:
+    path.unlink(missing_ok=True)
+    prune_empty_dirs(path.parent, root)

@@ -34,11 +34,11 @@ from services.worker.heartbeat import Heartbeat
 from services.worker.scenes import KernelFailure
 from shared import crash
 from shared.config import Tuning
-from shared.errors import DecodeError, LeaseLost, RetryableError, TerminalError
+from shared.errors import DecodeError, LeaseLost, RetryableError, TerminalError, TesseraError
 from shared.jetstream import ack_sync_retry, publish
 from shared.leases import Lease, LeaseOwner
 from shared.lifecycle import IllegalTransition, JobTrigger, TileState, TileTrigger, is_terminal
-from shared.metadata import CommitOutcome, Job, Tile
+from shared.metadata import AttemptOutcome, CommitOutcome, Job, Tile
 from shared.objectstore import tile_result_key
 from shared.retry import backoff
 from shared.tiles import Accumulator, Rect, to_npy
@@ -53,6 +53,10 @@ class Stalled(RetryableError):
     """A sample pass made no progress within ``progress_timeout`` (the watchdog fired)."""
 
     code = "stalled"
+
+
+#: error code and message of an attempt cut short by the end of the drain's grace period
+_CUT = "grace_expired", "the worker stopped before the attempt ended (drain grace period over)"
 
 
 class _Stop(Exception):
@@ -90,11 +94,17 @@ class TileRun:
         except IllegalTransition as exc:
             # A race with a state change elsewhere (a cancel, a finished job): nothing to redo.
             self.log.info("tile no longer applicable", error=str(exc))
+            with contextlib.suppress(RetryableError):
+                await self._end_attempt(AttemptOutcome.FENCED, exc.code, str(exc))
             await ack_sync_retry(self.msg)
         except TerminalError as exc:
             await self._terminal(tm, exc)
         except RetryableError as exc:
             await self._retryable(tm, exc)
+        except Exception as exc:  # a bug: consume logs it; the message comes back after ack_wait
+            with contextlib.suppress(Exception):
+                await self._end_attempt(AttemptOutcome.RETRYABLE, TesseraError.code, repr(exc))
+            raise
 
     # ------------------------------------------------------------------ steps 1-3
 
@@ -169,11 +179,17 @@ class TileRun:
             self.log.info("resumed from checkpoint", samples=progress.resumed_from)
         with self.rt.metrics.tiles_in_flight.track_inprogress():
             try:
-                await self._render(job, tile, acc, progress, beat)
-            except _Stop as stop:
-                await self._stopped(job, tile, acc, progress, beat, stop.why)
-                return
-            await self._commit(job, tile, acc, progress, beat)
+                try:
+                    await self._render(job, tile, acc, progress, beat)
+                    await self._commit(job, tile, acc, progress, beat)
+                except _Stop as stop:
+                    await self._stopped(job, tile, acc, progress, beat, stop.why)
+            except asyncio.CancelledError:
+                # The drain's grace period ran out (or the loop is going away) mid-attempt:
+                # the message is redelivered after ack_wait; say so in the attempt row.
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._end_attempt(AttemptOutcome.HANDED_BACK, *_CUT))
+                raise
 
     def _acquired(self, tile: Tile, token: int) -> None:
         """Log and count a fenced acquire; a row still leased means a takeover."""
@@ -252,7 +268,7 @@ class TileRun:
             await self.rt.store.put(key, data)
         crash.crash_point("worker.after_result_write")
         if beat.lost.is_set():
-            raise LeaseLost("lease lost before the commit")
+            raise _Stop("lease_lost")  # recorded like a loss between passes
         outcome = await self.rt.db.commit_tile(
             job.job_id,
             tile.tile_index,
@@ -264,16 +280,11 @@ class TileRun:
             samples_done=job.spp,
             node=self.rt.node,
         )
-        if outcome is CommitOutcome.FENCED:
-            self.log.warning("commit refused by the fence: a newer owner has the tile")
+        if outcome is not CommitOutcome.COMMITTED:
+            await self._refused(job, tile, progress, beat, outcome)
             return
         crash.crash_point("worker.after_commit")
-        fence = beat.lease.token
-        if outcome is CommitOutcome.ALREADY_DONE:  # someone else's commit: announce theirs
-            current = await self.rt.db.get_tile(job.job_id, tile.tile_index)
-            if current is not None:
-                key, fence = current.result_key, current.lease_fence
-        await self._announce(job, tile.tile_index, key, fence)
+        await self._announce(job, tile.tile_index, key, beat.lease.token)
         await self.checkpoints.cleanup(progress)  # (the commit closed the attempt as done)
         await self._release(await beat.stop())
         crash.crash_point("worker.before_ack")
@@ -281,6 +292,27 @@ class TileRun:
         self.rt.metrics.tiles_completed.inc()
         self.rt.metrics.tile_seconds.observe(time.monotonic() - self.started)
         self.log.info("tile done", samples=job.spp, resumed_from=progress.resumed_from)
+
+    async def _refused(
+        self, job: Job, tile: Tile, progress: Progress, beat: Heartbeat, outcome: CommitOutcome
+    ) -> None:
+        """The commit was refused (the store closed the attempt as ``fenced``): count it under
+        its reason, never as a completed tile. Fenced: the newer owner holds the message's
+        fate. Already done by another owner: announce their result and ack this copy."""
+        self.rt.metrics.commits_refused.labels(reason=outcome.value).inc()
+        if outcome is CommitOutcome.FENCED:
+            self.log.warning("commit refused by the fence: a newer owner has the tile")
+            return
+        current = await self.rt.db.get_tile(job.job_id, tile.tile_index)
+        fence = beat.lease.token if current is None else current.lease_fence
+        self.log.warning(
+            "commit refused: another owner committed the tile first", committed_by_fence=fence
+        )
+        if current is not None:
+            await self._announce(job, tile.tile_index, current.result_key, fence)
+        await self.checkpoints.cleanup(progress)
+        await self._release(await beat.stop())
+        await ack_sync_retry(self.msg)
 
     async def _announce(
         self, job: Job, tile_index: int, result_key: str | None, fence: int
@@ -326,18 +358,32 @@ class TileRun:
             await self._release(await beat.stop())
             await ack_sync_retry(self.msg)
         elif why == "handed_back":
-            if progress.samples > progress.resumed_from:
-                await self._checkpoint(acc, progress, token)
-            await db.end_attempt(self.attempt_id, outcome="handed_back")
-            await self._release(await beat.stop())
-            await self.msg.nak()
-        else:  # lease lost or fenced: the tile is someone else's now; settle nothing
+            try:
+                if progress.samples > progress.resumed_from:
+                    await self._checkpoint(acc, progress, token)
+            except _Stop as fenced:  # a newer owner has the tile: it is not ours to hand back
+                why = fenced.why
+            else:
+                await db.end_attempt(self.attempt_id, outcome="handed_back")
+                await self._release(await beat.stop())
+                await self.msg.nak()
+        if why in ("lease_lost", "fenced"):  # the tile is someone else's now; settle nothing
             await db.end_attempt(self.attempt_id, outcome=why, error_code=why)
         self.log.info("tile stopped", why=why, samples=progress.samples)
+
+    async def _end_attempt(self, outcome: AttemptOutcome, code: str, error: str) -> None:
+        """Close our attempt (if we fenced one) when no tile move records it; the first
+        outcome wins, so an attempt already closed (``done``, ``fenced``) keeps its own."""
+        if self.token is not None:
+            await self.rt.db.end_attempt(
+                self.attempt_id, outcome=outcome, error_code=code, error=error
+            )
 
     async def _retryable(self, tm: TileMessage, exc: RetryableError) -> None:
         if isinstance(exc, LeaseLost):
             self.log.warning("lease lost; leaving the tile to its new owner", error=str(exc))
+            with contextlib.suppress(RetryableError):
+                await self._end_attempt(AttemptOutcome.LEASE_LOST, exc.code, str(exc))
             return
         delay = backoff(self.rt.retry, self.msg.metadata.num_delivered)
         self.log.warning("retryable failure", error=str(exc), code=exc.code, delay=delay)
@@ -345,24 +391,30 @@ class TileRun:
         if self.token is not None:  # only the fenced owner may record the failure
             # If the store is what failed, the nak below still schedules the retry.
             with contextlib.suppress(RetryableError):
-                await self.rt.db.fail_tile(
-                    tm.job_id, tm.tile_index, token=self.token, attempt_id=self.attempt_id,
-                    trigger=TileTrigger.RETRYABLE_FAILURE, error_code=exc.code, error=str(exc),
-                    node=self.rt.node, outcome="retryable",
-                )  # fmt: skip
+                try:
+                    await self.rt.db.fail_tile(
+                        tm.job_id, tm.tile_index, token=self.token, attempt_id=self.attempt_id,
+                        trigger=TileTrigger.RETRYABLE_FAILURE, error_code=exc.code,
+                        error=str(exc), node=self.rt.node, outcome="retryable",
+                    )  # fmt: skip
+                except IllegalTransition:  # the tile moved on (e.g. done): close the attempt
+                    await self._end_attempt(AttemptOutcome.RETRYABLE, exc.code, str(exc))
         await self.msg.nak(delay=delay)
 
     async def _terminal(self, tm: TileMessage, exc: TerminalError) -> None:
         self.log.error("terminal failure", error=str(exc), code=exc.code)
         unit = n.dlq_unit_tile(tm.tile_index)
         await dead_letter(self.rt, self.msg, job_id=tm.job_id, unit=unit, error=exc)
-        with contextlib.suppress(IllegalTransition):  # e.g. failed before it was ever leased
+        try:
             await self.rt.db.fail_tile(
                 tm.job_id, tm.tile_index, token=self.token,
                 attempt_id=self.attempt_id if self.token is not None else None,
                 trigger=TileTrigger.TERMINAL_FAILURE, error_code=exc.code, error=str(exc),
                 node=self.rt.node, outcome="terminal",
             )  # fmt: skip
+        except IllegalTransition:  # e.g. failed before it was ever leased, or the tile moved on
+            with contextlib.suppress(RetryableError):
+                await self._end_attempt(AttemptOutcome.TERMINAL, exc.code, str(exc))
         await self.w.fail_job(tm.job_id, JobTrigger.TERMINAL_FAILURE, exc)
         await self.msg.term()
 

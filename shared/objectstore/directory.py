@@ -4,7 +4,9 @@
 the final name (``os.replace`` is atomic on POSIX) and fsyncs the directory, so a crash at any
 point leaves the old object or the new one, never a partial final file. A crash can leave a
 hidden ``.<name>.<random>.tmp`` behind; reads and listings ignore those (keys never start with
-a dot). Blocking file I/O runs in a thread, off the event loop.
+a dot). ``delete`` removes the directories the key leaves empty, up to the root, so a store's
+directories are exactly the prefixes of its objects (as in S3, which has no directories).
+Blocking file I/O runs in a thread, off the event loop.
 
 ``OSError`` (ENOSPC, EIO, EROFS, ...) becomes :class:`StoreUnavailable`; a missing file
 :class:`NotFoundError`.
@@ -96,7 +98,7 @@ class DirectoryStore(ObjectStore):
     async def delete(self, key: str) -> None:
         path = self.path_of(key)
         with _os_errors(f"delete {key}"):
-            await asyncio.to_thread(_delete_file, path)
+            await asyncio.to_thread(_delete_file, path, self.root)
 
     async def list(self, prefix: str, *, limit: int | None = None) -> builtins.list[ObjectInfo]:
         check_prefix(prefix)
@@ -161,7 +163,19 @@ def commit_temp(temp: Path, path: Path) -> None:
     _fsync_dir(path.parent)
 
 
+#: tries of a put whose directory a concurrent delete removed between mkdir and the write
+_PUT_TRIES = 8
+
+
 def _put_file(path: Path, data: bytes) -> None:
+    for _ in range(_PUT_TRIES - 1):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temp = write_temp(path, data)
+        except FileNotFoundError:
+            continue  # a delete pruned the (then empty) directory: make it again
+        commit_temp(temp, path)  # (a directory holding our temp file is never pruned)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     commit_temp(write_temp(path, data), path)
 
@@ -190,12 +204,32 @@ def _read_range(path: Path, offset: int, length: int) -> bytes | None:
         return None
 
 
-def _delete_file(path: Path) -> None:
+def _delete_file(path: Path, root: Path) -> None:
     try:
         path.unlink()
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return
-    _fsync_dir(path.parent)
+    _fsync_dir(prune_empty_dirs(path.parent, root))
+
+
+def prune_empty_dirs(directory: Path, root: Path) -> Path:
+    """Remove ``directory`` and its parents below ``root`` while they are empty; returns the
+    first directory kept (whose entry list changed, for the caller to fsync).
+
+    A key's directories exist only for its objects: without this, every checkpoint, result or
+    render deleted would leave ``checkpoints/<job>/<tile>/`` behind. ``rmdir`` refuses a
+    directory that is not empty, so a concurrent put (its temporary file already inside) keeps
+    it; a put that finds its directory gone makes it again.
+    """
+    while directory != root and directory.is_relative_to(root):
+        try:
+            directory.rmdir()
+        except FileNotFoundError:
+            pass  # a concurrent delete pruned it first: go on with the parent
+        except OSError:  # ENOTEMPTY / EEXIST (or anything else): keep it and stop
+            return directory
+        directory = directory.parent
+    return directory
 
 
 def _fsync_dir(directory: Path) -> None:

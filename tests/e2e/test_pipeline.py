@@ -13,7 +13,7 @@ from services.client.api import TesseraClient
 from shared.config import Settings
 from shared.lifecycle import JobTrigger
 from shared.metadata import MetadataStore
-from shared.objectstore import ObjectStore
+from shared.objectstore import DirectoryStore, ObjectStore
 from tests.e2e.conftest import reference_png
 from tests.e2e.flows import request, result_bytes, settle, submit
 from tests.harness import ServiceProcesses
@@ -103,7 +103,7 @@ async def test_two_workers_one_finalizer_on_sixteen_tiles(
 
 
 async def test_cancel_mid_render_stops_within_a_pass(
-    services: ServiceProcesses, client: TesseraClient, db: MetadataStore
+    services: ServiceProcesses, client: TesseraClient, db: MetadataStore, objects: ObjectStore
 ) -> None:
     services.start_all(workers=1)
     body = request(width=32, height=32, spp=20000, tile_size=16)
@@ -129,6 +129,13 @@ async def test_cancel_mid_render_stops_within_a_pass(
     attempts = await db.attempts(job_id)
     assert "cancelled" in {a.outcome for a in attempts}
     assert all(t.state.value != "done" for t in await db.list_tiles(job_id))
+    assert isinstance(objects, DirectoryStore)
+    left = objects.root / "checkpoints" / job_id
+
+    async def cleaned_up() -> bool:  # checkpoints, and the directories they were in
+        return not await objects.list(f"checkpoints/{job_id}/") and not left.exists()
+
+    await eventually(cleaned_up, timeout=30, what="the cancelled tiles' checkpoints are gone")
 
 
 async def test_a_redelivered_tile_is_not_rendered_twice_in_parallel(

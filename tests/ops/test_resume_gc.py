@@ -73,11 +73,14 @@ async def _gc_spares_results(
         await objects.put(key, b"an orphaned checkpoint")
     temp = objects.root / "tiles" / f".x.npy.{uuid.uuid4().hex}.tmp"
     temp.write_bytes(b"torn")
+    alone = objects.root / "checkpoints" / job_id / "7" / f".a-4.npy.{uuid.uuid4().hex}.tmp"
+    alone.parent.mkdir(parents=True)
+    alone.write_bytes(b"torn, alone in its directory")
     published = [status["result_location"], status["float_location"]]
     published += [o.key for o in await objects.list(f"tiles/{job_id}/")]
     assert len(published) == 3, "the tile result is an object"
     old = time.time() - 2 * HOUR
-    for path in [objects.path_of(k) for k in [stale, *published]] + [temp]:
+    for path in [objects.path_of(k) for k in [stale, *published]] + [temp, alone]:
         os.utime(path, (old, old))  # everything but ``fresh`` is past the threshold
 
     dry = await tessera("gc", "--older-than", "1h", "--dry-run")
@@ -90,6 +93,7 @@ async def _gc_spares_results(
     real = await tessera("gc", "--older-than", "1h")
     assert real.status == 0, real.err
     assert not await objects.exists(stale) and not temp.exists()
+    assert not alone.parent.exists(), "the directory it left empty went with it"
     assert await objects.exists(fresh), "younger than the threshold"
     for key in published:
         assert await objects.exists(key), f"gc deleted {key}"

@@ -131,6 +131,53 @@ async def test_delete_is_idempotent(store: ObjectStore, prefix: str) -> None:
     assert await store.list(prefix) == []
 
 
+async def _dirs_under(store: ObjectStore, prefix: str) -> list[str]:
+    """Directories a directory store holds under ``prefix`` (S3 has none: always empty)."""
+    if not isinstance(store, DirectoryStore):
+        return []
+    top = store.root / prefix.split("/")[0]
+    found = await asyncio.to_thread(lambda: [p for p in top.rglob("*") if p.is_dir()])
+    return sorted(p.relative_to(store.root).as_posix() for p in found) + (
+        [top.name] if top.is_dir() else []
+    )
+
+
+async def test_deleting_the_last_key_under_a_prefix_leaves_nothing_behind(
+    store: ObjectStore, prefix: str
+) -> None:
+    keys = [prefix + "checkpoints/j/0/a-4.npy", prefix + "checkpoints/j/0/a-8.npy",
+            prefix + "checkpoints/j/1/b-4.npy"]  # fmt: skip
+    for key in keys:
+        await store.put(key, b"x")
+    await store.delete(keys[0])
+    assert [i.key for i in await store.list(prefix)] == keys[1:]
+    await store.delete(keys[1])
+    if isinstance(store, DirectoryStore):  # tile 0's directory went with its last object
+        assert not store.path_of(keys[1]).parent.exists()
+        assert store.path_of(keys[2]).parent.is_dir(), "tile 1 still has an object"
+    await store.delete(keys[2])
+    assert await store.list(prefix) == []
+    assert await _dirs_under(store, prefix) == []
+    assert store.root.is_dir() if isinstance(store, DirectoryStore) else True
+    await store.put(keys[0], b"again")  # and the prefix is usable again
+    assert await store.get(keys[0]) == b"again"
+
+
+async def test_puts_and_deletes_racing_in_one_directory_all_succeed(
+    store: ObjectStore, prefix: str
+) -> None:
+    keys = [f"{prefix}race/{i}.npy" for i in range(24)]
+
+    async def churn(key: str) -> None:
+        for _ in range(5):
+            await store.put(key, key.encode())
+            await store.delete(key)
+
+    await asyncio.gather(*(churn(k) for k in keys))
+    assert await store.list(prefix) == []
+    assert await _dirs_under(store, prefix) == []
+
+
 async def test_list_by_prefix(store: ObjectStore, prefix: str) -> None:
     keys = ["a/1.npy", "a/2.npy", "ab/3.npy", "b/4.npy", "a/deeper/5.npy"]
     await asyncio.gather(*(store.put(prefix + k, k.encode()) for k in keys))
