@@ -107,7 +107,7 @@ async def _node(env: dict[str, str]) -> AsyncIterator[Node]:
 
 async def _submit(rt: Runtime, **over: Any) -> str:
     handlers = Handlers(rt.db, rt.js, rt.names, rt.log)
-    job_id: str = (await handlers.submit(orjson.dumps(BODY | over), None))["job_id"]
+    job_id = (await handlers.submit(orjson.dumps(BODY | over), None)).job_id
     await Planner(rt).plan(JobMessage(job_id, 0))
     return job_id
 
