@@ -18,12 +18,20 @@ Two gateways are measured side by side in one run:
   loop).
 
 Measured on the 2-core development box (loaded by other jobs), 2,000 submits: legacy: the gateway
-was cut as a slow consumer ("MaxPending of 67108864 Exceeded") and reconnected; status 381 "no
-responders" of 1,387, p50 3 ms, p99 15 ms, max 2.5 s; submits 470 invalid, 838 no responders,
-692 timed out (lost), 33 s. Shedding: no slow consumer, no disconnect; status 95 of 95 ok, p50
-5 ms, p99 = max 1.1 s (the first large submit starts the checker process while the burst's bytes
-queue ahead of the status requests on the same connection); submits 8 invalid, 1,992 busy,
-none lost, 4.2 s.
+was cut as a slow consumer ("MaxPending of 67108864 Exceeded") and reconnected; status 1,234
+requests, p50 3 ms, p99 11 ms, max 862 ms; submits 36 invalid, 823 no responders, 1,141 timed
+out (lost), 32.5 s. Shedding: no slow consumer, no disconnect; status 42 of 42 ok, p50 6 ms,
+p99 = max 831 ms; submits 8 invalid, 1,992 busy, none lost, 2.4 s (before the warm checker and
+the frozen heap: 95 samples, p50 5 ms, p99 = max 1.1 s, 4.2 s).
+
+Where the slow status replies go (timestamps per request in client and gateway): the gateway
+answers the first status within 15 ms of receiving it, but receives it 0.3 s after it was sent
+(behind the burst's bytes on its one connection) and the reply reaches this process ~0.7 s
+later, when this process's own event loop, busy sending 114 MB, gets to it (legacy's first
+status is as slow). A full garbage collection over the ~100,000 objects the kernel import leaves
+held the gateway's loop 0.15-0.5 s mid-burst until the gateway froze its start-up heap; the
+checker process's spawn and kernel import (~0.8 s CPU) now happen at gateway start. The
+"slowest status" line prints each slow request's send time in the burst.
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ import kernel
 from proto.api import SubmitRequest
 from proto.names import ApiVerb, Names
 from services.client.api import TesseraClient
-from services.gateway.app import Gateway
+from services.gateway.app import Gateway, freeze_heap
 from services.gateway.intake import Intake, Lane, T
 from shared.config import Settings
 from shared.jetstream import connect_nats
@@ -82,6 +90,9 @@ class _InlineIntake(Intake):
 
     def lane_for(self, size: int) -> Lane:
         return self.small
+
+    def start(self, *modules: str) -> None:
+        pass  # no worker process
 
     def pending_limits(self, max_payload: int) -> tuple[int, int]:
         return DEFAULT_SUB_PENDING_MSGS_LIMIT, DEFAULT_SUB_PENDING_BYTES_LIMIT
@@ -127,6 +138,12 @@ class BurstResult:
     statuses: Counter[str] = field(default_factory=Counter)
     status_latency: list[float] = field(default_factory=list)
     burst_seconds: float = 0.0
+    #: the event loop's clock when the burst started
+    t0: float = 0.0
+    #: (seconds after the burst started, latency) of every status answered ok
+    status_timeline: list[tuple[float, float]] = field(default_factory=list)
+    #: (seconds after the burst started, outcome) of every submit reply
+    submit_timeline: list[tuple[float, str]] = field(default_factory=list)
 
     def percentile(self, q: float) -> float:
         """The ``q`` quantile (0..1) of status latency in seconds (nan if none answered)."""
@@ -165,6 +182,7 @@ async def _poll_status(
         result.statuses[outcome] += 1
         if outcome == "ok":
             result.status_latency.append(loop.time() - started)
+            result.status_timeline.append((started - result.t0, loop.time() - started))
         await asyncio.sleep(max(0.0, STATUS_EVERY - (loop.time() - started)))
 
 
@@ -178,15 +196,20 @@ async def run_burst(
     )
     body = SubmitRequest(project="bench", scene=big_scene(), width=64, height=48, spp=1).to_body()
     data = orjson.dumps(body)
-    result = BurstResult()
+    loop = asyncio.get_running_loop()
+    result = BurstResult(t0=loop.time())
     stop = asyncio.Event()
     poller = asyncio.create_task(_poll_status(status_nc, names, job["job_id"], stop, result))
     subject = names.api_subject(ApiVerb.SUBMIT)
+
+    async def timed() -> str:
+        outcome = await _one(burst_nc, subject, data, wait)
+        result.submit_timeline.append((loop.time() - result.t0, outcome))
+        return outcome
+
     started = time.perf_counter()
     try:
-        outcomes = await asyncio.gather(
-            *(_one(burst_nc, subject, data, wait) for _ in range(requests))
-        )
+        outcomes = await asyncio.gather(*(timed() for _ in range(requests)))
     finally:
         result.burst_seconds = time.perf_counter() - started
         stop.set()
@@ -200,6 +223,8 @@ def _serve(mode: str) -> int:
 
     async def body(rt: Runtime, stop: asyncio.Event) -> None:
         gateway = cls(rt)
+        if mode != "legacy":
+            freeze_heap()
         await gateway.start()
         try:
             await stop.wait()
@@ -255,6 +280,10 @@ def _report(mode: str, requests: int, r: BurstResult, trouble: list[str]) -> Non
     )
     print(f"{'':>11}status outcomes {dict(r.statuses)}; submit outcomes {dict(r.submits)}")
     print(f"{'':>11}slow-consumer/disconnect log lines: {len(trouble)}")
+    slow = sorted(r.status_timeline, key=lambda x: -x[1])[:3]
+    sent = ", ".join(f"{lat * 1000:.0f} ms sent at {at:.2f} s" for at, lat in slow)
+    first = {what: f"{at:.2f} s" for at, what in reversed(sorted(r.submit_timeline))}
+    print(f"{'':>11}slowest status: {sent}; first submit reply of each kind at {first}")
     for line in trouble[:4]:
         print(f"{'':>13}{line[:160]}")
 

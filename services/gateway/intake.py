@@ -8,8 +8,11 @@ whatever they cost to serve. It does, by deciding at once for every request:
 - a request whose body is below :data:`LARGE_BODY_BYTES` (status, list, cancel, a submit naming
   a builtin scene ...) takes one of the small lane's ``slots``;
 - a larger one (a submit with an inline scene) takes one of the large lane's ``large_slots`` and
-  is decoded, validated and hashed in a separate process (``large_workers`` of them, started on
-  first use). Not a thread: pure-Python work on a thread holds the GIL, and every time the event
+  is decoded, validated and hashed in a separate process (``large_workers`` of them, started
+  in the background when the gateway starts: :meth:`Intake.start`, so the first large submit
+  of a burst does not wait for a process to spawn and import the kernel; it costs one Python
+  process with the kernel imported, about 180 MB resident). Not a thread: pure-Python work on
+  a thread holds the GIL, and every time the event
   loop waits for the socket it then waits up to the 5 ms switch interval to get it back, so one
   busy thread cut the gateway's reading to a few MB/s (measured: a trivial responder with one
   CPU-bound thread beside it was cut as a slow consumer by the same burst it otherwise served
@@ -26,7 +29,9 @@ what arrives between two turns of the event loop, since admission never waits.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import multiprocessing
+import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -82,6 +87,8 @@ class Intake:
         self.large = Lane("large", large_slots, large_workers)
         self._workers = large_workers
         self._pool: ProcessPoolExecutor | None = None
+        #: done once every worker process has started and imported what a check needs
+        self.warm: asyncio.Future[None] | None = None
 
     def lane_for(self, size: int) -> Lane:
         """The lane of a request body of ``size`` bytes."""
@@ -95,16 +102,30 @@ class Intake:
         """
         return 32 * (self.small.capacity + self.large.capacity), 2 * max_payload
 
+    def start(self, *modules: str) -> None:
+        """Start the worker processes in the background, each importing ``modules``.
+
+        Returns at once; :attr:`warm` is done when they are ready (a failed warm-up is only
+        logged by its future: the first request then reports the broken pool).
+        """
+        pool = self._ensure_pool()
+        loop = asyncio.get_running_loop()
+        tries = [loop.run_in_executor(pool, _import_modules, modules) for _ in range(self._workers)]
+        self.warm = asyncio.ensure_future(_all_done(tries))
+
+    def _ensure_pool(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            spawn = multiprocessing.get_context("spawn")  # never fork a process with threads
+            self._pool = ProcessPoolExecutor(self._workers, mp_context=spawn)
+        return self._pool
+
     async def offload(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` in a worker process (``fn`` and its arguments must pickle).
 
         A worker that died (killed, out of memory) breaks the pool: it is replaced and the
         request fails ``unavailable``, which a client may retry.
         """
-        if self._pool is None:
-            spawn = multiprocessing.get_context("spawn")  # never fork a process with threads
-            self._pool = ProcessPoolExecutor(self._workers, mp_context=spawn)
-        pool = self._pool
+        pool = self._ensure_pool()
         try:
             return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
         except BrokenProcessPool as exc:
@@ -115,6 +136,19 @@ class Intake:
 
     def close(self) -> None:
         """Stop the worker processes (running checks are abandoned)."""
+        if self.warm is not None and not self.warm.done():
+            self.warm.cancel()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+
+
+def _import_modules(modules: tuple[str, ...]) -> int:
+    """In a worker process: import ``modules`` (the warm-up); its pid, for the curious."""
+    for name in modules:
+        importlib.import_module(name)
+    return os.getpid()
+
+
+async def _all_done(tries: list[asyncio.Future[int]]) -> None:
+    await asyncio.gather(*tries)

@@ -9,6 +9,7 @@ gateway fell behind, nats-server cut it as a slow consumer (MaxPending of 64 MiB
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import nats
@@ -134,3 +135,20 @@ async def test_the_client_refuses_a_body_above_a_smaller_servers_max_payload(
             await nc.close()
     finally:
         server.stop()
+
+
+async def test_the_checker_process_is_warm_before_the_first_large_submit(
+    runtime: Runtime,
+) -> None:
+    """start() spawns the worker and imports the kernel there: no request pays for it."""
+    gw = Gateway(runtime)
+    await gw.start()
+    try:
+        assert gw.intake.warm is not None
+        await asyncio.wait_for(gw.intake.warm, timeout=60)  # bound, not a timing assertion
+        pool = gw.intake._pool
+        assert pool is not None and len(pool._processes) == 1
+        assert all(p.is_alive() for p in pool._processes.values())
+    finally:
+        await gw.stop(5.0)
+    assert gw.intake._pool is None
