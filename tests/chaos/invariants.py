@@ -9,8 +9,6 @@ counts them) and the numbers the scenario tables print; :meth:`JobReport.assert_
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +19,7 @@ from proto import names as n
 from shared.metadata import Attempt, AuditEvent
 from tests.chaos.rig import Rig
 from tests.e2e.conftest import reference_png
+from tests.helpers import eventually
 
 #: attempt outcomes that need no error code (a deliberate hand-back, a cancel, the success)
 _SELF_EXPLAINED = frozenset({"done", "handed_back", "cancelled"})
@@ -177,18 +176,20 @@ async def _dlq_count(rig: Rig, job_id: str) -> int:
 async def _check_leases(rig: Rig, report: JobReport) -> None:
     """No lease of the job outlives its TTL (+2 s for the server's expiry sweep)."""
     kv = await rig.nc.jetstream().key_value(rig.names.bucket(n.BUCKET_LEASES))
-    deadline = time.monotonic() + rig.settings.tuning.lease_ttl + 2
-    while True:
+    left: list[str] = []
+
+    async def none_left() -> bool:
         try:
-            keys = [k for k in await kv.keys() if report.job_id in k]
+            left[:] = [k for k in await kv.keys() if report.job_id in k]
         except NoKeysError:
-            keys = []
-        if not keys:
-            return
-        if time.monotonic() >= deadline:
-            report.fail(f"leases left after TTL + 2 s: {keys}")
-            return
-        await asyncio.sleep(0.2)  # polling a server-side expiry, bounded by the deadline
+            left.clear()
+        return not left
+
+    timeout = rig.settings.tuning.lease_ttl + 2
+    try:
+        await eventually(none_left, timeout=timeout, interval=0.2, what="the job's leases expire")
+    except AssertionError:  # a finding of the report, not a failure of the wait
+        report.fail(f"leases left after TTL + 2 s: {left}")
 
 
 def summary_row(
