@@ -148,16 +148,30 @@ def _check_explained(report: JobReport, events: list[AuditEvent], attempts: list
             report.takeovers += len(group) - 1
         top = max(a.fence for a in group)
         for a in group:
-            if a.outcome is not None:
-                if a.outcome.value not in _SELF_EXPLAINED and not a.error_code:
-                    report.fail(f"attempt {a.attempt_id} ended {a.outcome.value} without a code")
-                continue
-            report.abandoned += 1
-            named = any(a.attempt_id in (e.error or "") for e in takeovers)
-            if unit is not None and a.fence < top and not named:
-                report.fail(f"takeover of attempt {a.attempt_id} ({a.node}) is not in the trail")
-            elif a.fence == top and report.state == "completed":
-                report.fail(f"attempt {a.attempt_id} on {a.node} never ended")
+            _check_attempt_explained(report, a, unit=unit, top=top, takeovers=takeovers)
+    _check_events_explained(report, events)
+
+
+def _check_attempt_explained(
+    report: JobReport, a: Attempt, *, unit: int | None, top: int, takeovers: list[AuditEvent]
+) -> None:
+    """One attempt of a unit whose newest fence is ``top``: it ended with a code, or it was
+    abandoned and is explained (a takeover's audit row names it, or it was the unit's last
+    owner and the job did not complete)."""
+    if a.outcome is not None:
+        if a.outcome.value not in _SELF_EXPLAINED and not a.error_code:
+            report.fail(f"attempt {a.attempt_id} ended {a.outcome.value} without a code")
+        return
+    report.abandoned += 1
+    named = any(a.attempt_id in (e.error or "") for e in takeovers)
+    if unit is not None and a.fence < top and not named:
+        report.fail(f"takeover of attempt {a.attempt_id} ({a.node}) is not in the trail")
+    elif a.fence == top and report.state == "completed":
+        report.fail(f"attempt {a.attempt_id} on {a.node} never ended")
+
+
+def _check_events_explained(report: JobReport, events: list[AuditEvent]) -> None:
+    """Every failure in the audit trail carries its error; every tile lease names its owner."""
     for e in events:
         if e.to_state in _FAILED and not (e.error_code and e.error):
             report.fail(f"{e.entity} {e.tile_index} -> {e.to_state} without an error: {e}")
