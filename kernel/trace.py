@@ -105,7 +105,7 @@ def _nearest(
 
 
 @jit_inline
-def radiance(
+def radiance(  # noqa: C901  (the hot loop: see the docstring)
     sph: np.ndarray,
     tri: np.ndarray,
     tn: np.ndarray,

@@ -18,9 +18,9 @@ queue group         ``tessera-gateway``             ``t123_tessera-gateway``
 consumer            ``workers``                     ``workers`` (scoped by its stream)
 ==================  ==============================  =========================================
 
-Message ids (``Nats-Msg-Id``): ``job:<job>:<gen>``, ``tile:<job>:<i>:<gen>``,
-``done:<job>:<i>:<fence>`` (the committing owner's token), ``event:<job>:<kind>:<gen>``,
-``dlq:<source stream>:<source seq>``.
+Message ids (``Nats-Msg-Id``): ``job:<job>:<gen>`` (``job:<job>:<gen>:swept:<stamp>`` when the
+sweeper re-publishes it), ``tile:<job>:<i>:<gen>``, ``done:<job>:<i>:<fence>`` (the committing
+owner's token), ``event:<job>:<kind>:<gen>``, ``dlq:<source stream>:<source seq>``.
 KV keys: leases ``tile.<job>.<i>`` and ``final.<job>``; progress ``tile.<job>.<i>``.
 
 Readable headers (``Tessera-*``, see :data:`HDR_KIND` and below) ride on every internal message

@@ -77,7 +77,9 @@ class Heartbeat:
                 self.lost.set()
                 return
             except RetryableError as exc:
-                # in_progress() could not be sent (disconnected): the lease renew decides.
+                # Not raised today (an unconfirmed renew is LeaseLost; nats-py buffers an
+                # in_progress() while disconnected): a transient error elsewhere is logged and
+                # the next beat tries again, the TTL still bounds how long that can go on.
                 self.log.warning("heartbeat hiccup", key=self.lease.key, error=str(exc))
             except Exception:
                 self.log.error("heartbeat failed; treating the lease as lost", exc=True)

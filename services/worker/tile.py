@@ -9,9 +9,11 @@
 6. write the result (content-addressed), commit it **fenced**;
 7. publish tile-done, clean up, release the lease, **then ack**.
 
-Outcome → JetStream action happens only in :meth:`TileRun.run`: success → ack, retryable →
-``nak(delay)``, terminal → DLQ copy + ``term()``, lease lost or fenced → nothing (the new owner
-holds the message's fate), hand-back on shutdown → checkpoint + ``nak``.
+Outcome → JetStream action, settled by the :class:`TileRun` step that reaches it: success, a done
+tile, a finished job, a fence refused before rendering, a cancel or an illegal transition → ack; a
+lease held by a live owner → ``nak(lease_ttl)``; retryable → ``nak(backoff)``; terminal or
+undecodable → DLQ copy + ``term()``; lease lost or fenced mid-run → nothing (the new owner holds the
+message's fate); hand-back on shutdown → checkpoint + ``nak``.
 """
 
 from __future__ import annotations

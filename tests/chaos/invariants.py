@@ -9,8 +9,6 @@ counts them) and the numbers the scenario tables print; :meth:`JobReport.assert_
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +19,7 @@ from proto import names as n
 from shared.metadata import Attempt, AuditEvent
 from tests.chaos.rig import Rig
 from tests.e2e.conftest import reference_png
+from tests.helpers import eventually
 
 #: attempt outcomes that need no error code (a deliberate hand-back, a cancel, the success)
 _SELF_EXPLAINED = frozenset({"done", "handed_back", "cancelled"})
@@ -149,16 +148,30 @@ def _check_explained(report: JobReport, events: list[AuditEvent], attempts: list
             report.takeovers += len(group) - 1
         top = max(a.fence for a in group)
         for a in group:
-            if a.outcome is not None:
-                if a.outcome.value not in _SELF_EXPLAINED and not a.error_code:
-                    report.fail(f"attempt {a.attempt_id} ended {a.outcome.value} without a code")
-                continue
-            report.abandoned += 1
-            named = any(a.attempt_id in (e.error or "") for e in takeovers)
-            if unit is not None and a.fence < top and not named:
-                report.fail(f"takeover of attempt {a.attempt_id} ({a.node}) is not in the trail")
-            elif a.fence == top and report.state == "completed":
-                report.fail(f"attempt {a.attempt_id} on {a.node} never ended")
+            _check_attempt_explained(report, a, unit=unit, top=top, takeovers=takeovers)
+    _check_events_explained(report, events)
+
+
+def _check_attempt_explained(
+    report: JobReport, a: Attempt, *, unit: int | None, top: int, takeovers: list[AuditEvent]
+) -> None:
+    """One attempt of a unit whose newest fence is ``top``: it ended with a code, or it was
+    abandoned and is explained (a takeover's audit row names it, or it was the unit's last
+    owner and the job did not complete)."""
+    if a.outcome is not None:
+        if a.outcome.value not in _SELF_EXPLAINED and not a.error_code:
+            report.fail(f"attempt {a.attempt_id} ended {a.outcome.value} without a code")
+        return
+    report.abandoned += 1
+    named = any(a.attempt_id in (e.error or "") for e in takeovers)
+    if unit is not None and a.fence < top and not named:
+        report.fail(f"takeover of attempt {a.attempt_id} ({a.node}) is not in the trail")
+    elif a.fence == top and report.state == "completed":
+        report.fail(f"attempt {a.attempt_id} on {a.node} never ended")
+
+
+def _check_events_explained(report: JobReport, events: list[AuditEvent]) -> None:
+    """Every failure in the audit trail carries its error; every tile lease names its owner."""
     for e in events:
         if e.to_state in _FAILED and not (e.error_code and e.error):
             report.fail(f"{e.entity} {e.tile_index} -> {e.to_state} without an error: {e}")
@@ -177,18 +190,20 @@ async def _dlq_count(rig: Rig, job_id: str) -> int:
 async def _check_leases(rig: Rig, report: JobReport) -> None:
     """No lease of the job outlives its TTL (+2 s for the server's expiry sweep)."""
     kv = await rig.nc.jetstream().key_value(rig.names.bucket(n.BUCKET_LEASES))
-    deadline = time.monotonic() + rig.settings.tuning.lease_ttl + 2
-    while True:
+    left: list[str] = []
+
+    async def none_left() -> bool:
         try:
-            keys = [k for k in await kv.keys() if report.job_id in k]
+            left[:] = [k for k in await kv.keys() if report.job_id in k]
         except NoKeysError:
-            keys = []
-        if not keys:
-            return
-        if time.monotonic() >= deadline:
-            report.fail(f"leases left after TTL + 2 s: {keys}")
-            return
-        await asyncio.sleep(0.2)  # polling a server-side expiry, bounded by the deadline
+            left.clear()
+        return not left
+
+    timeout = rig.settings.tuning.lease_ttl + 2
+    try:
+        await eventually(none_left, timeout=timeout, interval=0.2, what="the job's leases expire")
+    except AssertionError:  # a finding of the report, not a failure of the wait
+        report.fail(f"leases left after TTL + 2 s: {left}")
 
 
 def summary_row(

@@ -154,17 +154,9 @@ class Rig:
             status = await self.status(job_id)
             return status if status and status["state"] in TERMINAL else None
 
-        try:
-            return await eventually(done, timeout=timeout, interval=0.2, what=f"{job_id} settles")
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\n{self.procs.logs()}") from None
-
-    async def wait_for(self, predicate: Any, *, timeout: float = 30, what: str) -> Any:
-        """:func:`eventually` whose failure message carries the service logs."""
-        try:
-            return await eventually(predicate, timeout=timeout, interval=0.05, what=what)
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\n{self.procs.logs()}") from None
+        return await eventually(
+            done, timeout=timeout, interval=0.2, what=f"{job_id} settles", detail=self.procs.logs
+        )
 
     def log_lines(self, prefix: str = "") -> list[dict[str, Any]]:
         """Every JSON log line of the processes whose name starts with ``prefix``."""

@@ -28,6 +28,7 @@ from proto import names as n
 from proto.names import ApiVerb
 from proto.replies import ErrorCode
 from tests.chaos.rig import Rig, open_rig
+from tests.helpers import eventually
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(300)]
 
@@ -146,7 +147,9 @@ async def test_garbage_gets_structured_errors_and_writes_nothing(
     seen: Counter[ApiVerb] = Counter()
     async with open_rig(chaos_env, tmp_path / "logs", start=False) as rig:
         gateway = rig.procs.start("gateway")
-        await rig.wait_for(lambda: _answers(rig), timeout=60, what="the gateway answers")
+        await eventually(
+            lambda: _answers(rig), timeout=60, what="the gateway answers", detail=rig.procs.logs
+        )
 
         def fuzz(verb: ApiVerb) -> None:
             @settings(max_examples=150, deadline=None, database=None,

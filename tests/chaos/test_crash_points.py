@@ -17,6 +17,7 @@ from shared import crash
 from tests.chaos.conftest import record
 from tests.chaos.invariants import check_job, summary_row
 from tests.chaos.rig import open_rig, tiny
+from tests.helpers import eventually
 
 pytestmark = pytest.mark.chaos
 
@@ -67,8 +68,12 @@ async def test_crash_point(point: str, chaos_env: dict[str, str], tmp_path: Path
         await rig.settle(job_id)
         victim = "worker-1" if service == "worker" else service
         # a point after the job's last write may fire just after the job looks settled
-        await rig.wait_for(lambda: (victim, -9) in rig.supervisor.exit_codes, timeout=10,
-                           what=f"{victim} died by SIGKILL and was restarted")  # fmt: skip
+        await eventually(
+            lambda: (victim, -9) in rig.supervisor.exit_codes,
+            timeout=10,
+            what=f"{victim} died by SIGKILL and was restarted",
+            detail=rig.procs.logs,
+        )
         assert rig.crash_points_hit() == {point: 1}, rig.procs.logs()
         report = await check_job(rig, job_id, body)
         record(summary_row(point, [report], rig, time.monotonic() - started))

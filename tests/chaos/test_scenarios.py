@@ -15,6 +15,7 @@ from shared.metadata import Attempt
 from tests.chaos.conftest import record
 from tests.chaos.invariants import check_job, summary_row
 from tests.chaos.rig import DUPLICATE_MESSAGES, Rig, open_rig, tiny
+from tests.helpers import eventually
 
 pytestmark = pytest.mark.chaos
 
@@ -36,14 +37,18 @@ async def test_a_frozen_worker_is_fenced_after_a_takeover(
             attempts = await _tile_attempts(rig, job_id)
             return attempts[0] if attempts and tile and tile.samples_done > 0 else None
 
-        first = await rig.wait_for(rendering, timeout=30, what="the tile has checkpointed")
+        first = await eventually(
+            rendering, timeout=30, what="the tile has checkpointed", detail=rig.procs.logs
+        )
         rig.procs.pause(first.node)  # SIGSTOP: alive, silent, its lease runs out
 
         async def taken_over() -> Attempt | None:
             later = [a for a in await _tile_attempts(rig, job_id) if a.node != first.node]
             return later[0] if later else None
 
-        second = await rig.wait_for(taken_over, timeout=20, what="another worker takes over")
+        second = await eventually(
+            taken_over, timeout=20, what="another worker takes over", detail=rig.procs.logs
+        )
         assert second.fence > first.fence
         rig.procs.resume(first.node)  # SIGCONT while the new owner renders
 
@@ -54,7 +59,9 @@ async def test_a_frozen_worker_is_fenced_after_a_takeover(
             return mine[0] if mine and mine[0].ended_at is not None else None
 
         await rig.settle(job_id)
-        ended = await rig.wait_for(first_ended, timeout=15, what="the frozen owner stops")
+        ended = await eventually(
+            first_ended, timeout=15, what="the frozen owner stops", detail=rig.procs.logs
+        )
         assert ended.outcome is not None and ended.outcome.value in ("lease_lost", "fenced")
         assert rig.procs.procs[first.node].alive(), "the fenced worker keeps serving"
         report = await check_job(rig, job_id, body)
@@ -75,7 +82,7 @@ async def test_the_same_tiles_delivered_twice_commit_once(
             return any(t.state.value in ("leased", "progressing")
                        for t in await rig.db.list_tiles(job_id))  # fmt: skip
 
-        await rig.wait_for(leased, timeout=30, what="a tile is being rendered")
+        await eventually(leased, timeout=30, what="a tile is being rendered", detail=rig.procs.logs)
         js, names = rig.nc.jetstream(), rig.names
         for i in range(4):  # a copy of every tile under a new generation: not deduplicated
             await js.publish(
@@ -89,7 +96,7 @@ async def test_the_same_tiles_delivered_twice_commit_once(
             info = await js.stream_info(names.stream(n.STREAM_TILES))
             return info.state.messages == 0
 
-        await rig.wait_for(drained, timeout=30, what="every copy is consumed")
+        await eventually(drained, timeout=30, what="every copy is consumed", detail=rig.procs.logs)
         report = await check_job(rig, job_id, body)
         record(summary_row("duplicate delivery", [report], rig, time.monotonic() - started))
         report.assert_ok()

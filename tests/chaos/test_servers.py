@@ -22,6 +22,7 @@ from shared.stack import (
 from tests.chaos.conftest import record
 from tests.chaos.invariants import check_job, summary_row
 from tests.chaos.rig import Rig, open_rig, tiny
+from tests.helpers import eventually
 
 pytestmark = pytest.mark.chaos
 
@@ -30,7 +31,9 @@ async def _mid_render(rig: Rig, job_id: str) -> None:
     async def progressing() -> bool:
         return any(t.samples_done > 0 for t in await rig.db.list_tiles(job_id))
 
-    await rig.wait_for(progressing, timeout=30, what="a tile has checkpointed progress")
+    await eventually(
+        progressing, timeout=30, what="a tile has checkpointed progress", detail=rig.procs.logs
+    )
 
 
 @pytest.fixture
@@ -122,7 +125,9 @@ async def test_object_store_outage_is_retried(
         def noticed() -> bool:  # the outage is seen (and retried), not merely waited out
             return rig.count_logged("retryable failure") >= 2
 
-        await rig.wait_for(noticed, timeout=30, what="workers retry through the outage")
+        await eventually(
+            noticed, timeout=30, what="workers retry through the outage", detail=rig.procs.logs
+        )
         own_s3.start()
         await rig.settle(job_id)
         report = await check_job(rig, job_id, body)

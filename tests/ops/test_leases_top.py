@@ -8,7 +8,7 @@ import queue
 import subprocess
 import sys
 import threading
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 from nats.aio.client import Client as NATS
@@ -23,7 +23,7 @@ from shared.stack import PostgresServer
 from tests.e2e.conftest import reference_png
 from tests.e2e.flows import request, result_bytes, settle, submit
 from tests.harness import ServiceProcesses
-from tests.helpers import eventually
+from tests.helpers import eventually, eventually_sync
 from tests.ops.conftest import CliRunner, metric, scrape, start_with_port, value, wait_ready
 
 
@@ -76,6 +76,24 @@ async def _prepare(env: dict[str, str]) -> None:
     await rt.close()
 
 
+def _printed(
+    top: subprocess.Popen[str], lines: queue.Queue[str], needle: str
+) -> Callable[[], bool]:
+    """A predicate: ``top`` (still running) printed a line containing ``needle``; the lines read
+    up to that one are consumed, so the next wait looks only at what comes after."""
+
+    def check() -> bool:
+        assert top.poll() is None, "top exited"
+        while True:
+            try:
+                if needle in lines.get_nowait():
+                    return True
+            except queue.Empty:
+                return False
+
+    return check
+
+
 def test_live_top_rides_out_a_database_outage(
     settings_env: dict[str, str], server_dir: Path
 ) -> None:
@@ -102,27 +120,18 @@ def test_live_top_rides_out_a_database_outage(
         pumping = threading.Thread(target=pump, daemon=True)
         pumping.start()
 
-        def until(needle: str, within: float = 60) -> None:
-            deadline = time.monotonic() + within
-            while time.monotonic() < deadline:
-                assert top is not None and top.poll() is None, "top exited"
-                try:
-                    if needle in lines.get(timeout=0.5):
-                        return
-                except queue.Empty:
-                    pass
-            raise AssertionError(f"top never printed {needle!r}")
-
-        until("IN FLIGHT")
+        eventually_sync(_printed(top, lines, "IN FLIGHT"), timeout=60, what="top shows a frame")
         pg.stop()
-        until("tessera top: no frame at")
+        eventually_sync(
+            _printed(top, lines, "tessera top: no frame at"), timeout=60, what="top says why not"
+        )
         once = subprocess.run(
             [sys.executable, "-m", "services.cli", "top", "--once"],
             env=os.environ | env, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
         assert once.returncode == 4 and "Traceback" not in once.stderr, once.stderr
         pg.start()
-        until("IN FLIGHT")
+        eventually_sync(_printed(top, lines, "IN FLIGHT"), timeout=60, what="top carries on")
     finally:
         if top is not None:
             top.kill()

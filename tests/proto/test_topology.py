@@ -6,9 +6,7 @@ import asyncio
 import dataclasses
 import os
 import sys
-import time
 import uuid
-from collections.abc import Awaitable, Callable
 
 import nats
 import pytest
@@ -20,19 +18,12 @@ from proto import names as n
 from proto.ensure import ensure_topology
 from proto.topology import Topology
 from shared.errors import ConfigError
+from tests.helpers import eventually
 
 
 def fresh(**params: object) -> Topology:
     """A topology no other test shares (the shared ``namespace`` fixture works too)."""
     return Topology(prefix=f"t{uuid.uuid4().hex[:12]}", **params)  # type: ignore[arg-type]
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], within: float = 10.0) -> None:
-    """Poll ``check`` until it is true, failing after ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while not await check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.1)
 
 
 async def stream_names(js: JetStreamContext) -> set[str]:
@@ -196,7 +187,9 @@ async def test_lease_bucket_per_key_ttl(nc: Client) -> None:
             return False
         return second > first
 
-    await eventually(expired_and_retaken)
+    await eventually(
+        expired_and_retaken, timeout=10, interval=0.1, what="the 1 s lease expires and is retaken"
+    )
     assert (await kv.get(key)).value == b'{"owner":"b"}'
 
 

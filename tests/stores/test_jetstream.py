@@ -22,7 +22,8 @@ from shared.jetstream import ack_sync_retry, connect_nats, publish
 from shared.leases import Lease, LeaseOwner, Leases
 from shared.procs import free_port
 from shared.stack import NatsServer, Stack
-from tests.stores.support import nats_settings, wait_for_async
+from tests.helpers import eventually
+from tests.stores.support import nats_settings
 
 
 async def test_same_msg_id_twice_is_a_duplicate(js: JetStreamContext, topology: Topology):
@@ -104,7 +105,7 @@ async def test_nats_restart_loses_the_lease_then_recovers(tmp_path: Path):
         async def reconnected() -> bool:
             return connected.is_connected
 
-        await wait_for_async(reconnected, timeout=10, what="client reconnect")
+        await eventually(reconnected, timeout=10, what="client reconnect")
         subject = topology.names.event_subject("job1", n.EventKind.TILE_DONE)
         ack = await publish(js, subject, b"after", msg_id="done:job1:0", timeout_total=10)
         assert ack.seq >= 1 and not ack.duplicate
@@ -118,7 +119,7 @@ async def test_nats_restart_loses_the_lease_then_recovers(tmp_path: Path):
         async def taken() -> Lease | None:
             return await leases.acquire("tile.job1.0", rival)
 
-        fresh = await wait_for_async(taken, timeout=5, what="new owner after restart")
+        fresh = await eventually(taken, timeout=5, what="new owner after restart")
         assert fresh is not None and fresh.token > lease.token
     finally:
         if client is not None:

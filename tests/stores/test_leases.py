@@ -18,7 +18,7 @@ from shared.leases import (
     WrongLastSequence,
     _value_of,
 )
-from tests.stores.support import wait_for_async
+from tests.helpers import eventually
 
 
 def owner(node: str = "node-a") -> LeaseOwner:
@@ -67,7 +67,7 @@ async def test_expired_lease_fences_the_zombie(
     zombie_rev = await pointers.put("tile.job1.3", pointer(zombie_owner.attempt_id), last=None)
 
     # The zombie stops renewing; the server's clock expires the key.
-    await wait_for_async(
+    await eventually(
         lambda: _is_free(leases, "tile.job1.3"),
         timeout=5,
         what="lease expiry",
@@ -133,7 +133,7 @@ async def test_released_key_leaves_no_marker_behind(js: JetStreamContext, lease_
     async def empty() -> bool:
         return (await js.stream_info(stream)).state.messages == 0
 
-    await wait_for_async(empty, timeout=5, what="delete marker expiry")
+    await eventually(empty, timeout=5, what="delete marker expiry")
 
 
 async def test_held_names_the_live_leases_among_many_keys(js: JetStreamContext, lease_bucket: str):
@@ -150,7 +150,7 @@ async def test_held_names_the_live_leases_among_many_keys(js: JetStreamContext, 
     async def expired() -> bool:
         return await leases.holder("tile.job5.3") is None
 
-    await wait_for_async(expired, timeout=5, what="lease expiry")
+    await eventually(expired, timeout=5, what="lease expiry")
     assert await leases.held(keys, scan="tile.job5.*") == {"tile.job5.1"}
     assert await leases.held(["tile.job6.1", "tile.job6.2"], scan="tile.job6.*") == {"tile.job6.1"}
     with pytest.raises(ValidationError):

@@ -36,7 +36,7 @@ from shared.objectstore import (
 from shared.objectstore.directory import TEMP_SUFFIX, write_temp
 from shared.procs import free_port
 from shared.stack import S3_ACCESS_KEY, S3_BUCKET, S3_SECRET_KEY, SeaweedS3
-from tests.stores.support import wait_for_async
+from tests.helpers import eventually
 
 MiB = 1024 * 1024
 ROOT = Path(__file__).resolve().parents[2]
@@ -366,7 +366,7 @@ async def test_s3_presigned_url_expires(seaweed: SeaweedS3, prefix: str) -> None
             return exc.code == 403
         return False
 
-    await wait_for_async(refused, timeout=15, what="the 1 s URL is refused once it expired")
+    await eventually(refused, timeout=15, what="the 1 s URL is refused once it expired")
 
 
 def _http_get(url: str) -> bytes:
@@ -424,7 +424,7 @@ async def test_s3_outage_then_recovery(tmp_path: Path) -> None:
                     return False  # volumes may still be registering with the master
                 return True
 
-            await wait_for_async(writable, timeout=15, what="S3 writable after restart")
+            await eventually(writable, timeout=15, what="S3 writable after restart")
             assert await store.get("outage/before.npy", sha256=before) == b"kept"
             assert await store.get("outage/after.npy") == b"works"
     finally:
