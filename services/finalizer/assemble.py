@@ -70,7 +70,7 @@ class Finalizer:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.log = rt.log.bind(component="finalizer")
-        self.read_ahead = ReadAhead(rt.settings.tuning.read_ahead_bytes)
+        self.read_ahead = ReadAhead(rt.settings.finalizer.read_ahead_bytes)
 
     async def handle(self, msg: Msg) -> None:
         """One tile-done event: finalize its job if every tile is done; ack last."""
@@ -145,9 +145,9 @@ class Finalizer:
         lease = await self.rt.leases.acquire(n.lease_key_final(job_id), owner)
         if lease is None:
             if msg is not None:  # another finalizer is at it; look again after its lease TTL
-                await msg.nak(delay=float(self.rt.settings.tuning.lease_ttl))
+                await msg.nak(delay=float(self.rt.settings.leases.ttl))
             return False
-        tuning = self.rt.settings.tuning
+        tuning = self.rt.settings.leases
         log = self.log.bind(job_id=job_id, attempt_id=attempt_id)
         beat = Heartbeat(self.rt.leases, lease, msg, tuning.heartbeat_interval, log).start()
         started = time.monotonic()

@@ -177,7 +177,7 @@ async def _dlq_count(rig: Rig, job_id: str) -> int:
 async def _check_leases(rig: Rig, report: JobReport) -> None:
     """No lease of the job outlives its TTL (+2 s for the server's expiry sweep)."""
     kv = await rig.nc.jetstream().key_value(rig.names.bucket(n.BUCKET_LEASES))
-    deadline = time.monotonic() + rig.settings.tuning.lease_ttl + 2
+    deadline = time.monotonic() + rig.settings.leases.ttl + 2
     while True:
         try:
             keys = [k for k in await kv.keys() if report.job_id in k]
