@@ -114,10 +114,11 @@ REPO = Path(__file__).resolve().parent.parent
 def _other_value(f: dataclasses.Field[Any]) -> str:
     """A valid value of a knob that is not its default."""
     strings = {"namespace": "t1", "metrics_host": "127.0.0.1", "log_level": "DEBUG"}
+    default: Any = f.default
     if f.type == "int":
-        return str(f.default + 1)
+        return str(default + 1)
     if f.type == "float":
-        return str(f.default + 0.5)
+        return str(default + 0.5)
     return strings[f.name]
 
 

@@ -31,4 +31,4 @@ def test_invalid_policies_are_refused(policy: dict[str, float]) -> None:
 
 def test_attempts_count_from_one() -> None:
     with pytest.raises(ValueError):
-        backoff(RetryPolicy(), 0)
+        backoff(RetryPolicy(base=1.0, cap=60.0), 0)

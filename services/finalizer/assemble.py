@@ -18,6 +18,7 @@ import uuid
 from nats.aio.msg import Msg
 
 import kernel.image  # numpy and Pillow load at start-up, not in the first finalization
+from kernel.rect import Rect
 from proto import names as n
 from proto.messages import JobEvent, TileDone
 from services.announce import announce
@@ -34,7 +35,7 @@ from shared.metadata import Job, Tile
 from shared.objectstore import CorruptObject, render_key, sha256_hex
 from shared.retry import backoff
 from shared.runtime import Runtime
-from shared.tiles import Accumulator, Rect, assemble, fits, from_npy, load_npy
+from shared.tiles import Accumulator, assemble, fits, from_npy, load_npy
 
 __all__ = ["Finalizer", "ImageCorrupt", "ResultLost"]
 
@@ -228,7 +229,7 @@ class Finalizer:
         to_read: list[tuple[Tile, Rect]] = []
         for t in tiles:
             held = ahead.get(t.tile_index)
-            rect = (t.x0, t.y0, t.x1, t.y1)
+            rect = t.rect
             if (
                 held is not None
                 and (held.key, held.sha256) == (t.result_key, t.result_sha256)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from nats.aio.msg import Msg
 
 import kernel
+from kernel.rect import Rect
 from proto import names as n
 from proto.messages import TileDone, TileMessage
 from services.deadletter import dead_letter
@@ -41,7 +42,7 @@ from shared.lifecycle import IllegalTransition, JobTrigger, TileState, TileTrigg
 from shared.metadata import AttemptOutcome, CommitOutcome, Job, Tile
 from shared.objectstore import tile_result_key
 from shared.retry import backoff
-from shared.tiles import Accumulator, Rect, to_npy
+from shared.tiles import Accumulator, to_npy
 
 if TYPE_CHECKING:
     from services.worker.loop import Worker
@@ -437,7 +438,7 @@ def pass_size(samples: int, seconds: float, tuning: WorkerSettings) -> int:
 
 
 def _rect(tile: Tile) -> Rect:
-    return (tile.x0, tile.y0, tile.x1, tile.y1)
+    return tile.rect
 
 
 def _sha256(data: bytes) -> str:

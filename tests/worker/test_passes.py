@@ -23,7 +23,7 @@ def prepared() -> kernel.Prepared:
 async def test_a_pass_split_over_idle_threads_gives_the_same_bits(
     prepared: kernel.Prepared,
 ) -> None:
-    rect = (8, 4, 40, 37)  # 33 rows: bands of unequal height
+    rect = kernel.Rect(8, 4, 40, 37)  # 33 rows: bands of unequal height
     alone = zeros_for(rect)
     kernel.render_tile(prepared, rect, 0, 3, alone)
     threads = KernelThreads(3)
@@ -43,7 +43,7 @@ async def test_a_pass_split_over_idle_threads_gives_the_same_bits(
 async def test_split_calls_are_counted_while_they_run(prepared: kernel.Prepared) -> None:
     threads = KernelThreads(2)
     try:
-        rect = (0, 0, 48, 40)
+        rect = kernel.Rect(0, 0, 48, 40)
         task = asyncio.create_task(threads.render(prepared, rect, 0, 64, zeros_for(rect)))
         await asyncio.sleep(0)  # the task submits both bands before its first wait
         assert threads.running == 2
