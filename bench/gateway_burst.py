@@ -102,9 +102,9 @@ class _InlineIntake(Intake):
 
 
 class _WaitingLane(Lane):
-    def __init__(self, slots: int) -> None:
-        super().__init__("all", slots, slots)
-        self.free = asyncio.Semaphore(slots)
+    def __init__(self, in_flight: int) -> None:
+        super().__init__("all", in_flight, in_flight)
+        self.free = asyncio.Semaphore(in_flight)
 
     def release(self, seconds: float) -> None:
         super().release(seconds)
@@ -114,7 +114,7 @@ class _WaitingLane(Lane):
 class LegacyGateway(Gateway):
     """The gateway as it was before issue 14, for the side-by-side comparison.
 
-    A request arriving while all 64 slots are busy waits for one (so further requests pile up
+    A request arriving while all 64 places are busy waits for one (so further requests pile up
     in the client library's buffer and in nats-server's outbound buffer); subscriptions keep
     nats-py's default pending limits; every body is decoded on the event loop.
     """
@@ -229,7 +229,7 @@ def _serve(mode: str) -> int:
         try:
             await stop.wait()
         finally:
-            await gateway.stop(rt.settings.tuning.grace_period)
+            await gateway.stop(rt.settings.process.grace_period)
 
     return service_main("gateway", body)
 

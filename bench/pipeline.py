@@ -91,7 +91,7 @@ async def timed_job(env: Mapping[str, str], request: SubmitRequest) -> tuple[flo
     itself take CPU from the renderers it measures.
     """
     settings = Settings.from_env(env)
-    names = Names(settings.tuning.namespace)
+    names = Names(settings.deployment.namespace)
     nc = await connect_nats(settings, name="bench")
     try:
         client = TesseraClient(nc, names, timeout=60)
@@ -169,7 +169,7 @@ async def _crash_resume(env: Mapping[str, str], procs: ServiceProcesses) -> dict
     nc = await connect_nats(settings, name="bench")
     db = await MetadataStore.connect(settings.database_url)
     try:
-        client = TesseraClient(nc, Names(settings.tuning.namespace), timeout=60)
+        client = TesseraClient(nc, Names(settings.deployment.namespace), timeout=60)
         req = SubmitRequest(project="bench", scene="cornell", width=32, height=32, spp=6000,
                             tile_size=32)  # fmt: skip
         job_id = (await client.submit(req))["job_id"]
@@ -178,7 +178,7 @@ async def _crash_resume(env: Mapping[str, str], procs: ServiceProcesses) -> dict
             if tile is not None and tile.samples_done > 0:
                 break
             await asyncio.sleep(0.01)
-        await asyncio.sleep(settings.tuning.checkpoint_interval / 2)
+        await asyncio.sleep(settings.worker.checkpoint_interval / 2)
         owner = next(a for a in await db.attempts(job_id) if a.ended_at is None).node
         checkpointed = (await db.get_tile(job_id, 0)).samples_done  # type: ignore[union-attr]
         killed_at = time.time()

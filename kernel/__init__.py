@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         tonemap,
     )
     from kernel.loader import load_scene_file
+    from kernel.rect import Rect
     from kernel.render import render_full, render_tile
     from kernel.scene import Scene, SceneError
     from kernel.settings import RenderSettings
@@ -49,6 +50,7 @@ _HOME = {
     "png_of": "image",
     "tonemap": "image",
     "load_scene_file": "loader",
+    "Rect": "rect",
     "render_full": "render",
     "render_tile": "render",
     "Scene": "scene",
@@ -62,6 +64,7 @@ __all__ = [
     "BUILTIN_SCENES",
     "KERNEL_VERSION",
     "Prepared",
+    "Rect",
     "RenderSettings",
     "Scene",
     "SceneError",

@@ -12,8 +12,7 @@ import numpy as np
 
 from kernel import trace
 from kernel.flatten import Prepared
-
-Rect = tuple[int, int, int, int]
+from kernel.rect import Rect
 
 
 def render_tile(
@@ -42,7 +41,7 @@ def render_full(
 
     With ``parallel=True`` rows are spread over numba's thread pool; the result is identical.
     """
-    rect = (0, 0, prepared.settings.width, prepared.settings.height)
+    rect = Rect(0, 0, prepared.settings.width, prepared.settings.height)
     rect_arr = _check(prepared, rect, sample_start, sample_end, accumulator)
     if sample_start == sample_end:
         return

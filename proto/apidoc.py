@@ -26,7 +26,7 @@ from proto import limits, messages, replies
 from proto.api import VERB_REQUESTS
 from proto.api_replies import ITEM_SCHEMAS, VERB_REPLIES, field_docs
 from proto.names import QUEUE_GROUP_GATEWAY, ApiVerb, EventKind, Names
-from shared.config import Tuning
+from shared.config import GatewaySettings
 from shared.lifecycle import TERMINAL_JOB_STATES, JobState, JobTrigger, job_legal_events
 
 __all__ = ["error_code_docs", "json_type", "render"]
@@ -230,7 +230,7 @@ def render() -> str:
         message=replies.MAX_MESSAGE,
         reply_kib=limits.MAX_REPLY_BYTES // 1024,
     )
-    fetch = string.Template(_FETCH).substitute(ttl=Tuning().result_url_ttl)
+    fetch = string.Template(_FETCH).substitute(ttl=GatewaySettings.result_url_ttl)
     lines = [intro, *_verbs(), *_errors(), *_states(), fetch, *_events(), *_limits()]
     return "\n".join(lines).rstrip() + "\n"
 

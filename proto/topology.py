@@ -32,11 +32,16 @@ from dataclasses import dataclass, field
 from nats.js import api
 
 from proto import names as n
+from shared.config import DeliverySettings, DeploymentSettings
 from shared.errors import ConfigError
 
 DAY = 86_400.0
 MAX_KV_VALUE = 64 * 1024
 """Largest lease or progress value, in bytes (values are small JSON documents)."""
+KV_DUPLICATE_WINDOW = 120.0
+"""Duplicate window of a KV bucket's backing stream: the value nats-py's ``create_key_value``
+gives it (the buckets keep it whatever ``TESSERA_DUPLICATE_WINDOW`` says, which sets the
+message streams' window)."""
 
 DESCRIPTIONS: dict[str, str] = {
     n.STREAM_JOBS: "Tessera jobs to plan: one msgpack JobMessage per job generation "
@@ -75,14 +80,16 @@ class Topology:
     """Parameters of one deployment's JetStream objects.
 
     ``prefix`` isolates a topology (tests use a fresh one each); see :mod:`proto.names`.
-    Durations are in seconds. ``replicas`` is 1 (one server) or 3 (a cluster).
+    Durations are in seconds. ``replicas`` is 1 (one server) or 3 (a cluster). A service builds
+    its topology from its settings (:func:`shared.runtime.topology_for`); the defaults here are
+    those settings' defaults, so a ``Topology()`` declares what a default deployment declares.
     """
 
-    prefix: str = ""
-    replicas: int = 1
-    duplicate_window: float = 120.0
-    ack_wait: float = 30.0
-    max_deliver: int = 5
+    prefix: str = DeploymentSettings.namespace
+    replicas: int = DeploymentSettings.replicas
+    duplicate_window: float = float(DeploymentSettings.duplicate_window)
+    ack_wait: float = float(DeliverySettings.ack_wait)
+    max_deliver: int = DeliverySettings.max_deliver
     max_ack_pending: int = 1000
     events_max_age: float = 7 * DAY
     dlq_max_age: float = 90 * DAY
@@ -151,7 +158,7 @@ class Topology:
             max_msgs_per_subject=1,
             max_msg_size=MAX_KV_VALUE,
             discard=api.DiscardPolicy.NEW,
-            duplicate_window=120.0,
+            duplicate_window=KV_DUPLICATE_WINDOW,
             max_age=0.0,
             allow_rollup_hdrs=True,
             deny_delete=True,

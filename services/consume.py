@@ -30,14 +30,16 @@ async def consume(  # noqa: C901
     stream: str,
     durable: str,
     handler: Handler,
-    slots: int,
+    in_hand: int,
     stop: asyncio.Event,
     log: Log,
     fetch_wait: float = 1.0,
-    grace: float = 20.0,
+    grace: float,
     on_stop: Callable[[], None] | None = None,
 ) -> None:
-    """Fetch one message per free slot from the durable pull consumer until ``stop`` is set.
+    """Hold up to ``in_hand`` messages of the durable pull consumer until ``stop`` is set.
+
+    Each is handled by its own task; a new one is fetched whenever a handler finishes.
 
     In-flight handlers then get ``grace`` seconds to finish (``on_stop`` is called first so they
     can hand their work back); whatever is still running after that is cancelled.
@@ -49,7 +51,7 @@ async def consume(  # noqa: C901
     stopping = asyncio.create_task(_call_on(stop, on_stop)) if on_stop is not None else None
     try:
         while not stop.is_set():
-            free = slots - len(inflight)
+            free = in_hand - len(inflight)
             if free <= 0:
                 await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
                 continue

@@ -262,7 +262,7 @@ async def _demo_job(env: Mapping[str, str], request: SubmitRequest) -> tuple[byt
     settings = Settings.from_env(env)
     nc = await connect_nats(settings, name="tessera-demo")
     try:
-        client = TesseraClient(nc, Names(settings.tuning.namespace), timeout=60)
+        client = TesseraClient(nc, Names(settings.deployment.namespace), timeout=60)
         reply = await client.submit(request)
         job_id = reply["job_id"]
         print(f"tessera demo: submitted job {job_id} (cornell 320x240, {request.spp} spp, "

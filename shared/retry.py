@@ -14,11 +14,13 @@ class RetryPolicy:
 
     ``attempt`` 1 waits about ``base``, attempt 2 about ``2 * base``, ... never more than
     ``cap``. ``jitter`` is the fraction of the delay that is randomised (0 = none), so that
-    tiles failing together do not come back together.
+    tiles failing together do not come back together. ``base`` and ``cap`` have no default: each
+    use names its own (a service's ``nak`` backoff is ``TESSERA_RETRY_BASE`` /
+    ``TESSERA_RETRY_CAP``, :meth:`shared.config.DeliverySettings.retry_policy`).
     """
 
-    base: float = 1.0
-    cap: float = 30.0
+    base: float
+    cap: float
     jitter: float = 0.2
 
     def __post_init__(self) -> None:

@@ -39,13 +39,13 @@ __all__ = ["Runtime", "service_main", "topology_for"]
 
 def topology_for(settings: Settings) -> Topology:
     """The JetStream topology these settings describe."""
-    t = settings.tuning
+    deployment, delivery = settings.deployment, settings.delivery
     return Topology(
-        prefix=t.namespace,
-        replicas=t.replicas,
-        duplicate_window=float(t.duplicate_window),
-        ack_wait=float(t.ack_wait),
-        max_deliver=t.max_deliver,
+        prefix=deployment.namespace,
+        replicas=deployment.replicas,
+        duplicate_window=float(deployment.duplicate_window),
+        ack_wait=float(delivery.ack_wait),
+        max_deliver=delivery.max_deliver,
     )
 
 
@@ -97,7 +97,6 @@ class Runtime:
             await nc.close()
             raise
         names = topology.names
-        t = settings.tuning
         return cls(
             settings=settings,
             service=service,
@@ -107,9 +106,9 @@ class Runtime:
             topology=topology,
             db=db,
             store=store,
-            leases=Leases(js, names.bucket(n.BUCKET_LEASES), t.lease_ttl),
+            leases=Leases(js, names.bucket(n.BUCKET_LEASES), settings.leases.ttl),
             progress=ProgressPointers(js, names.bucket(n.BUCKET_PROGRESS)),
-            retry=RetryPolicy(base=t.retry_base, cap=t.retry_cap),
+            retry=settings.delivery.retry_policy(),
         )
 
     def readiness_checks(self) -> dict[str, Check]:
@@ -144,7 +143,7 @@ def service_main(service: str, body: ServiceBody) -> int:
     except ConfigError as exc:
         print(f"tessera {service}: {exc}", file=sys.stderr)
         return 2
-    setup_logging(settings.tuning.log_level)
+    setup_logging(settings.process.log_level)
     return uvloop.run(_run(settings, service, body))
 
 
@@ -161,14 +160,14 @@ async def _run(settings: Settings, service: str, body: ServiceBody) -> int:
         # a setting the servers refuse (a topology that differs from the one declared) is a
         # configuration error like a malformed variable; anything else is a failed start
         return 2 if isinstance(exc, ConfigError) else 1
-    log.info("started", namespace=settings.tuning.namespace)
+    log.info("started", namespace=settings.deployment.namespace)
     ops: OpsServer | None = None
     try:
-        if settings.tuning.metrics_port > 0:
+        if settings.process.metrics_port > 0:
             ops = OpsServer(
-                runtime.metrics, runtime.readiness_checks(), log, host=settings.tuning.metrics_host
+                runtime.metrics, runtime.readiness_checks(), log, host=settings.process.metrics_host
             )
-            await ops.start(settings.tuning.metrics_port)
+            await ops.start(settings.process.metrics_port)
         await body(runtime, stop)
     except Exception:
         log.error("service crashed", exc=True)

@@ -14,14 +14,13 @@ import io
 import numpy as np
 import numpy.typing as npt
 
+from kernel.rect import Rect
 from shared.errors import DecodeError
 
-Rect = tuple[int, int, int, int]
 Accumulator = npt.NDArray[np.float64]
 
 __all__ = [
     "Accumulator",
-    "Rect",
     "assemble",
     "fits",
     "from_npy",
@@ -37,7 +36,7 @@ def plan_rects(width: int, height: int, tile_size: int) -> list[Rect]:
     if min(width, height, tile_size) < 1:
         raise ValueError(f"bad plan {width}x{height} / {tile_size}")
     return [
-        (x, y, min(x + tile_size, width), min(y + tile_size, height))
+        Rect(x, y, min(x + tile_size, width), min(y + tile_size, height))
         for y in range(0, height, tile_size)
         for x in range(0, width, tile_size)
     ]

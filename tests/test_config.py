@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any
+
 import pytest
 
-from shared.config import Settings, Tuning
+from proto.topology import Topology
+from services.gateway.intake import Intake
+from services.worker.scenes import SceneCache
+from shared import config
+from shared.config import Settings
 from shared.errors import ConfigError
+from shared.retry import RetryPolicy
+from shared.runtime import topology_for
 
 BASE = {
     "TESSERA_NATS_URL": "nats://127.0.0.1:4222",
@@ -18,7 +29,10 @@ def test_minimal_settings_have_documented_defaults() -> None:
     s = Settings.from_env(BASE)
     assert s.nats_urls == ("nats://127.0.0.1:4222",)
     assert s.object_store.kind == "file" and s.object_store.path == "/var/lib/tessera"
-    assert s.tuning == Tuning()
+    defaults = Settings(
+        nats_urls=s.nats_urls, database_url=s.database_url, object_store=s.object_store
+    )
+    assert dataclasses.replace(s, node="") == defaults
     assert s.node
 
 
@@ -84,7 +98,7 @@ def test_bad_values_name_the_variable(changes: dict[str, str], variable: str) ->
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "::", "::1", "localhost", "metrics.internal."])
 def test_metrics_host_takes_addresses_and_names(host: str) -> None:
-    assert Settings.from_env(BASE | {"TESSERA_METRICS_HOST": host}).tuning.metrics_host == host
+    assert Settings.from_env(BASE | {"TESSERA_METRICS_HOST": host}).process.metrics_host == host
 
 
 def test_missing_variable_is_named() -> None:
@@ -92,3 +106,49 @@ def test_missing_variable_is_named() -> None:
     del env["TESSERA_DATABASE_URL"]
     with pytest.raises(ConfigError, match="TESSERA_DATABASE_URL is not set"):
         Settings.from_env(env)
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _other_value(f: dataclasses.Field[Any]) -> str:
+    """A valid value of a knob that is not its default."""
+    strings = {"namespace": "t1", "metrics_host": "127.0.0.1", "log_level": "DEBUG"}
+    default: Any = f.default
+    if f.type == "int":
+        return str(default + 1)
+    if f.type == "float":
+        return str(default + 0.5)
+    return strings[f.name]
+
+
+@pytest.mark.parametrize(("group", "f"), list(config._knobs()), ids=lambda v: getattr(v, "name", v))
+def test_every_knob_is_read_from_its_variable(group: str, f: dataclasses.Field[Any]) -> None:
+    env = BASE | {f.metadata["env"]: _other_value(f), "TESSERA_NODE": "n"}
+    s = Settings.from_env(env)
+    assert getattr(getattr(s, group), f.name) != f.default
+    assert Settings.from_env(s.to_env() | {"TESSERA_NODE": "n"}) == s
+
+
+def test_operations_md_names_every_variable_from_env_reads() -> None:
+    table = config.documented_table((REPO / "docs" / "operations.md").read_text())
+    assert table == config.knob_table(), "stale: run python -m shared.config docs/operations.md"
+    documented = set(re.findall(r"^\| `(TESSERA_[A-Z0-9_]+)`", table, re.MULTILINE))
+    read_in_source = set(re.findall(r"TESSERA_[A-Z0-9_]+", Path(config.__file__).read_text()))
+    assert documented == config.variables() == read_in_source
+
+
+def test_defaults_elsewhere_are_the_settings_defaults() -> None:
+    """Topology, retry, intake and cache defaults are the settings' (one default per knob)."""
+    s = Settings.from_env(BASE)
+    assert Topology() == topology_for(s)
+    assert (Topology().ack_wait, Topology().max_deliver) == (12, 10)
+    assert s.delivery.retry_policy() == RetryPolicy(base=1.0, cap=60.0)
+    intake = Intake()
+    assert (intake.small.capacity, intake.large.capacity, intake.large_body_bytes) == (
+        s.gateway.in_flight,
+        s.gateway.large_in_flight,
+        s.gateway.large_body_bytes,
+    )
+    cache = SceneCache()
+    assert (cache.size, cache.max_bytes) == (s.worker.scene_cache, s.worker.scene_cache_bytes)

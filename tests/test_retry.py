@@ -26,9 +26,9 @@ def test_jitter_only_shortens_and_stays_within_its_fraction() -> None:
 )
 def test_invalid_policies_are_refused(policy: dict[str, float]) -> None:
     with pytest.raises(ValueError):
-        RetryPolicy(**policy)
+        RetryPolicy(**({"base": 1.0, "cap": 30.0} | policy))
 
 
 def test_attempts_count_from_one() -> None:
     with pytest.raises(ValueError):
-        backoff(RetryPolicy(), 0)
+        backoff(RetryPolicy(base=1.0, cap=60.0), 0)

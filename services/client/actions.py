@@ -99,7 +99,7 @@ def submit_requests(args: argparse.Namespace, scene: Scene, tile: int) -> list[S
 
 async def submit(session: Session, args: argparse.Namespace) -> int:
     """``tessera submit``: one request per frame; prints each job id."""
-    tile = args.tile or session.settings.tuning.default_tile
+    tile = args.tile or session.settings.client.default_tile
     requests = submit_requests(args, load_scene(args.scene), tile)
     job_ids = []
     for request in requests:

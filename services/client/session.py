@@ -70,7 +70,7 @@ async def _session_run(settings: Settings, command: Command, request_timeout: fl
     name = f"tessera-cli:{settings.node}"
     nc = await connect_nats(settings, name=name, connect_within=request_timeout)
     try:
-        names = Names(settings.tuning.namespace)
+        names = Names(settings.deployment.namespace)
         return await command(
             Session(settings, nc, TesseraClient(nc, names, timeout=request_timeout))
         )

@@ -19,10 +19,10 @@ async def run(rt: Runtime, stop: asyncio.Event) -> None:
         stream=rt.names.stream(n.STREAM_EVENTS),
         durable=n.CONSUMER_FINALIZER,
         handler=finalizer.handle,
-        slots=4,
+        in_hand=rt.settings.finalizer.in_hand,
         stop=stop,
         log=rt.log,
-        grace=rt.settings.tuning.grace_period,
+        grace=rt.settings.process.grace_period,
     )
 
 

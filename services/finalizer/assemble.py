@@ -18,6 +18,7 @@ import uuid
 from nats.aio.msg import Msg
 
 import kernel.image  # numpy and Pillow load at start-up, not in the first finalization
+from kernel.rect import Rect
 from proto import names as n
 from proto.messages import JobEvent, TileDone
 from services.announce import announce
@@ -34,7 +35,7 @@ from shared.metadata import Job, Tile
 from shared.objectstore import CorruptObject, render_key, sha256_hex
 from shared.retry import backoff
 from shared.runtime import Runtime
-from shared.tiles import Accumulator, Rect, assemble, fits, from_npy, load_npy
+from shared.tiles import Accumulator, assemble, fits, from_npy, load_npy
 
 __all__ = ["Finalizer", "ImageCorrupt", "ResultLost"]
 
@@ -70,7 +71,7 @@ class Finalizer:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.log = rt.log.bind(component="finalizer")
-        self.read_ahead = ReadAhead(rt.settings.tuning.read_ahead_bytes)
+        self.read_ahead = ReadAhead(rt.settings.finalizer.read_ahead_bytes)
 
     async def handle(self, msg: Msg) -> None:
         """One tile-done event: finalize its job if every tile is done; ack last."""
@@ -145,9 +146,9 @@ class Finalizer:
         lease = await self.rt.leases.acquire(n.lease_key_final(job_id), owner)
         if lease is None:
             if msg is not None:  # another finalizer is at it; look again after its lease TTL
-                await msg.nak(delay=float(self.rt.settings.tuning.lease_ttl))
+                await msg.nak(delay=float(self.rt.settings.leases.ttl))
             return False
-        tuning = self.rt.settings.tuning
+        tuning = self.rt.settings.leases
         log = self.log.bind(job_id=job_id, attempt_id=attempt_id)
         beat = Heartbeat(self.rt.leases, lease, msg, tuning.heartbeat_interval, log).start()
         started = time.monotonic()
@@ -228,7 +229,7 @@ class Finalizer:
         to_read: list[tuple[Tile, Rect]] = []
         for t in tiles:
             held = ahead.get(t.tile_index)
-            rect = (t.x0, t.y0, t.x1, t.y1)
+            rect = t.rect
             if (
                 held is not None
                 and (held.key, held.sha256) == (t.result_key, t.result_sha256)

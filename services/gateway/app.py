@@ -57,12 +57,12 @@ class Gateway:
 
     def __init__(self, rt: Runtime, *, intake: Intake | None = None) -> None:
         self.rt = rt
-        self.intake = intake or Intake()
+        self.intake = intake or Intake.of(rt.settings.gateway)
         self.handlers = Handlers(rt.db, rt.js, rt.names, rt.log, rt.metrics, self.intake)
         # half the server's max_payload at most: the reply's envelope and counts fit beside it
         budget = min(MAX_REPLY_BYTES, rt.nc.max_payload // 2)
         self.dlq = DlqHandlers(rt.js, rt.names, rt.log, requeuer=Requeuer(rt), reply_budget=budget)
-        ttl = rt.settings.tuning.result_url_ttl
+        ttl = rt.settings.gateway.result_url_ttl
         self.results = ResultHandlers(rt.db, rt.store, reply_budget=budget, url_ttl=ttl)
         self.routes: dict[str, Handler] = {
             rt.names.api_subject(verb): handler for verb, handler in self._verbs().items()
@@ -191,4 +191,4 @@ async def run(rt: Runtime, stop: asyncio.Event) -> None:
     try:
         await stop.wait()
     finally:
-        await gateway.stop(rt.settings.tuning.grace_period)
+        await gateway.stop(rt.settings.process.grace_period)

@@ -26,7 +26,7 @@ from proto.api_replies import CancelReply, ListReply, RetryReply, StatusReply, S
 from proto.idempotency import idempotency_key, request_fingerprint, scene_hash
 from proto.messages import JobEvent, JobMessage
 from proto.names import EventKind, Names, event_msg_id, job_msg_id, new_job_id
-from services.gateway.intake import LARGE_BODY_BYTES, Intake
+from services.gateway.intake import Intake
 from services.gateway.scenes import check_submission, check_submission_sync
 from services.gateway.views import job_status, job_summary
 from shared.errors import NotFoundError
@@ -95,7 +95,9 @@ class Handlers:
 
     async def submit(self, data: bytes, headers: Headers) -> SubmitReply:
         """``tessera.api.submit``: create the job once per idempotency key and queue it."""
-        if len(data) >= LARGE_BODY_BYTES:  # canonical JSON and hashing of a big scene: CPU
+        if (
+            len(data) >= self.intake.large_body_bytes
+        ):  # canonical JSON and hashing of a big scene: CPU
             new_job = await self.intake.offload(prepare_submission, data, headers)
         else:
             request = decode_request(data, headers, SubmitRequest)

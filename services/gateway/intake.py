@@ -5,22 +5,24 @@ has not read yet, up to its ``max_pending`` (64 MiB), and then cuts the gateway'
 a slow consumer, losing everything buffered. So the gateway must read as fast as requests come,
 whatever they cost to serve. It does, by deciding at once for every request:
 
-- a request whose body is below :data:`LARGE_BODY_BYTES` (status, list, cancel, a submit naming
-  a builtin scene ...) takes one of the small lane's ``slots``;
-- a larger one (a submit with an inline scene) takes one of the large lane's ``large_slots`` and
-  is decoded, validated and hashed in a separate process (``large_workers`` of them, started
-  in the background when the gateway starts: :meth:`Intake.start`, so the first large submit
-  of a burst does not wait for a process to spawn and import the kernel; it costs one Python
-  process with the kernel imported, about 180 MB resident). Not a thread: pure-Python work on
-  a thread holds the GIL, and every time the event
-  loop waits for the socket it then waits up to the 5 ms switch interval to get it back, so one
-  busy thread cut the gateway's reading to a few MB/s (measured: a trivial responder with one
-  CPU-bound thread beside it was cut as a slow consumer by the same burst it otherwise served
-  in 1.2 s);
+- a request whose body is below ``large_body_bytes`` (status, list, cancel, a submit naming
+  a builtin scene ...) takes one of the small lane's ``in_flight`` places;
+- a larger one (a submit with an inline scene) takes one of the large lane's ``large_in_flight``
+  places and is decoded, validated and hashed in a separate process (``large_workers`` of them,
+  started in the background when the gateway starts: :meth:`Intake.start`, so the first large
+  submit of a burst does not wait for a process to spawn and import the scene checks; it costs
+  one Python process, about 70 MB resident). Not a thread: pure-Python work on a thread holds
+  the GIL, and every time the event loop waits for the socket it then waits up to the 5 ms
+  switch interval to get it back, so one busy thread cut the gateway's reading to a few MB/s
+  (measured: a trivial responder with one CPU-bound thread beside it was cut as a slow consumer
+  by the same burst it otherwise served in 1.2 s);
 - a request whose lane is full is answered at once with the error ``busy`` and a
   ``retry_after`` hint (seconds: the lane's recent service time times its depth over its
   parallelism, within :data:`MIN_RETRY_AFTER`..:data:`MAX_RETRY_AFTER`). Nothing was decoded or
   written, so the client may send it again as is (``tessera`` does, within ``--timeout``).
+
+The sizes are the gateway's settings (:class:`~shared.config.GatewaySettings`,
+``TESSERA_GATEWAY_*``).
 
 The client library's buffer per subscription (:meth:`Intake.pending_limits`) only has to hold
 what arrives between two turns of the event loop, since admission never waits.
@@ -38,12 +40,11 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from shared.config import GatewaySettings
 from shared.errors import StoreUnavailable
 
-__all__ = ["LARGE_BODY_BYTES", "MAX_RETRY_AFTER", "MIN_RETRY_AFTER", "Intake", "Lane"]
+__all__ = ["MAX_RETRY_AFTER", "MIN_RETRY_AFTER", "Intake", "Lane"]
 
-LARGE_BODY_BYTES = 16 * 1024
-"""Bodies of this size or more go to the large lane and are decoded off the event loop."""
 T = TypeVar("T")
 MIN_RETRY_AFTER = 0.05
 MAX_RETRY_AFTER = 5.0
@@ -82,17 +83,36 @@ class Lane:
 class Intake:
     """The two lanes of one gateway and the worker processes of the large one."""
 
-    def __init__(self, *, slots: int = 64, large_slots: int = 8, large_workers: int = 1) -> None:
-        self.small = Lane("small", slots, max(1, slots))
-        self.large = Lane("large", large_slots, large_workers)
+    def __init__(
+        self,
+        *,
+        in_flight: int = GatewaySettings.in_flight,
+        large_in_flight: int = GatewaySettings.large_in_flight,
+        large_workers: int = GatewaySettings.large_workers,
+        large_body_bytes: int = GatewaySettings.large_body_bytes,
+    ) -> None:
+        self.small = Lane("small", in_flight, max(1, in_flight))
+        self.large = Lane("large", large_in_flight, large_workers)
+        #: bodies of this size or more go to the large lane and are decoded off the event loop
+        self.large_body_bytes = large_body_bytes
         self._workers = large_workers
         self._pool: ProcessPoolExecutor | None = None
         #: done once every worker process has started and imported what a check needs
         self.warm: asyncio.Future[None] | None = None
 
+    @classmethod
+    def of(cls, settings: GatewaySettings) -> Intake:
+        """The intake these settings size."""
+        return cls(
+            in_flight=settings.in_flight,
+            large_in_flight=settings.large_in_flight,
+            large_workers=settings.large_workers,
+            large_body_bytes=settings.large_body_bytes,
+        )
+
     def lane_for(self, size: int) -> Lane:
         """The lane of a request body of ``size`` bytes."""
-        return self.large if size >= LARGE_BODY_BYTES else self.small
+        return self.large if size >= self.large_body_bytes else self.small
 
     def pending_limits(self, max_payload: int) -> tuple[int, int]:
         """nats-py pending limits of one subscription: messages, bytes.

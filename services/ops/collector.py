@@ -43,7 +43,7 @@ class StreamCollector:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Collect every ``interval`` until ``stop`` (only when metrics are served)."""
-        if self.rt.settings.tuning.metrics_port <= 0:
+        if self.rt.settings.process.metrics_port <= 0:
             return
         while not stop.is_set():
             try:

@@ -16,7 +16,8 @@ from shared.runtime import Runtime, service_main
 
 async def run(rt: Runtime, stop: asyncio.Event) -> None:
     """Plan jobs, dead-letter exhausted messages, sweep and collect stream metrics."""
-    names, grace = rt.names, rt.settings.tuning.grace_period
+    names, grace = rt.names, rt.settings.process.grace_period
+    config = rt.settings.scheduler
     planner, exhausted, sweeper = Planner(rt), Exhausted(rt), Sweeper(rt)
     await asyncio.gather(
         consume(
@@ -24,7 +25,7 @@ async def run(rt: Runtime, stop: asyncio.Event) -> None:
             stream=names.stream(n.STREAM_JOBS),
             durable=n.CONSUMER_SCHEDULER_JOBS,
             handler=planner.handle,
-            slots=8,
+            in_hand=config.jobs_in_hand,
             stop=stop,
             log=rt.log,
             grace=grace,
@@ -34,7 +35,7 @@ async def run(rt: Runtime, stop: asyncio.Event) -> None:
             stream=names.stream(n.STREAM_ADVISORIES),
             durable=n.CONSUMER_SCHEDULER_ADVISORIES,
             handler=exhausted.handle,
-            slots=4,
+            in_hand=config.advisories_in_hand,
             stop=stop,
             log=rt.log,
             grace=grace,

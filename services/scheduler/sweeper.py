@@ -1,17 +1,17 @@
 """The sweeper: re-publish tiles whose message was lost.
 
 The broker is not the source of truth (see docs/architecture.md): a stale owner's late ack can
-acknowledge a redelivered message, and acks can be lost in a leader election, so a tile can be
-not done while no message for it exists. Every ``sweep_interval`` the sweeper takes a
-**snapshot**: up to :data:`SNAPSHOT_LIMIT` tiles (the next page of them after the previous
-pass's, wrapping to the oldest after a short page) of active jobs that are not done and were last
-published more than ``sweep_age`` ago (never-published ones once their row is that old: a fresh
-plan is still being published). For those it asks the broker, in bulk, which have a message in
-the TILES stream (one subject listing per job) and which a live lease (one listing of the job's
-lease keys, then a read of only the listed keys that have no message). The rest are **claimed**
-in one PostgreSQL statement that re-checks each tile against its snapshot row (still not done,
-job still live, row unchanged: no fence, progress, commit or publish since) and moves it to the
-next generation; only the claimed tiles are re-published, under the new generation in their
+acknowledge a redelivered message, and acks can be lost in a leader election, so a tile can be not
+done while no message for it exists. Every ``TESSERA_SWEEP_INTERVAL`` the sweeper takes a
+**snapshot**: up to ``TESSERA_SWEEP_BATCH`` tiles (the next page of them after the previous pass's,
+wrapping to the oldest after a short page) of active jobs that are not done and were last published
+more than ``TESSERA_SWEEP_AGE`` ago (never-published ones once their row is that old: a fresh plan
+is still being published). For those it asks the broker, in bulk, which have a message in the TILES
+stream (one subject listing per job) and which a live lease (one listing of the job's lease keys,
+then a read of only the listed keys that have no message). The rest are **claimed** in one
+PostgreSQL statement that re-checks each tile against its snapshot row (still not done, job still
+live, row unchanged: no fence, progress, commit or publish since) and moves it to the next
+generation; only the claimed tiles are re-published, under the new generation in their
 ``Nats-Msg-Id`` (the old id may still sit in the duplicate window).
 
 Everything the claim acts on was observed after the snapshot and within
@@ -39,14 +39,10 @@ from shared.metadata.tiles import StaleKey, stale_key
 from shared.pauses import pause_point
 from shared.runtime import Runtime
 
-__all__ = ["SNAPSHOT_LIMIT", "SNAPSHOT_MAX_AGE", "Sweeper"]
+__all__ = ["SNAPSHOT_MAX_AGE", "Sweeper"]
 
 READ_TIMEOUT = 15.0
 """Bound on one stream read: longer than a leader election (a few seconds, NATS-NOTES)."""
-SNAPSHOT_LIMIT = 1000
-"""Stale tiles one sweep pass looks at (oldest publish first). A backlog of more stale tiles
-(a large job queued longer than the sweep age) is paged through, pass after pass, so a lost
-tile behind a thousand queued ones is still found."""
 SNAPSHOT_MAX_AGE = 5.0
 """Seconds from the snapshot to the claim past which a pass starts over (a normal pass over
 1,000 tiles takes a few tens of milliseconds; a slow one is riding out a leader election)."""
@@ -64,12 +60,15 @@ class Sweeper:
         self.log = rt.log.bind(component="sweeper")
         self.stream = rt.names.stream(n.STREAM_TILES)
         self.max_snapshot_age = SNAPSHOT_MAX_AGE
-        self.snapshot_limit = SNAPSHOT_LIMIT
+        #: stale tiles one sweep pass looks at (oldest publish first, ``TESSERA_SWEEP_BATCH``).
+        #: A backlog of more stale tiles (a large job queued longer than the sweep age) is paged
+        #: through, pass after pass, so a lost tile behind a thousand queued ones is still found.
+        self.snapshot_limit = rt.settings.sweeper.batch
         self._cursor: StaleKey | None = None  # where the next snapshot starts in stale order
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Sweep every ``sweep_interval`` until ``stop``."""
-        interval = self.rt.settings.tuning.sweep_interval
+        """Sweep every ``TESSERA_SWEEP_INTERVAL`` until ``stop``."""
+        interval = self.rt.settings.sweeper.interval
         while not stop.is_set():
             try:
                 await self.sweep_once()
@@ -81,7 +80,7 @@ class Sweeper:
     async def sweep_once(self) -> list[Tile]:
         """One sweep; returns the tiles it re-published, at their new generation (lost jobs
         are re-published too)."""
-        age = self.rt.settings.tuning.sweep_age
+        age = self.rt.settings.sweeper.age
         await self._republish_lost_jobs(age)
         loop = asyncio.get_running_loop()
         for _ in range(SNAPSHOT_ROUNDS):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kernel.rect import Rect
 from proto import names as n
 from shared import crash
 from shared.errors import DecodeError, NotFoundError, RetryableError, TerminalError
@@ -21,7 +22,7 @@ from shared.logs import Log
 from shared.metadata import Job, Tile
 from shared.objectstore import CorruptObject, checkpoint_key
 from shared.runtime import Runtime
-from shared.tiles import Accumulator, Rect, from_npy, to_npy, zeros_for
+from shared.tiles import Accumulator, from_npy, to_npy, zeros_for
 
 __all__ = ["Checkpoints", "Progress"]
 
@@ -41,7 +42,7 @@ class Checkpoints:
 
     def __init__(self, rt: Runtime, job: Job, tile: Tile, attempt_id: str, log: Log) -> None:
         self.rt, self.job, self.tile, self.attempt_id, self.log = rt, job, tile, attempt_id, log
-        self.rect: Rect = (tile.x0, tile.y0, tile.x1, tile.y1)
+        self.rect: Rect = tile.rect
         self.pointer_key = n.progress_key(job.job_id, tile.tile_index)
 
     async def resume_point(self) -> Progress:

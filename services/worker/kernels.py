@@ -9,7 +9,8 @@ import itertools
 from concurrent.futures import ThreadPoolExecutor
 
 import kernel.render  # numba loads when the worker starts, not on its first tile
-from shared.tiles import Accumulator, Rect
+from kernel.rect import Rect
+from shared.tiles import Accumulator
 
 __all__ = ["KernelThreads"]
 
@@ -35,12 +36,12 @@ class KernelThreads:
         holds the same bits either way.
         """
         loop = asyncio.get_running_loop()
-        rows = rect[3] - rect[1]
+        rows = rect.y1 - rect.y0
         bands = max(1, min(self.slots - self.running, rows))
         cuts = [rows * i // bands for i in range(bands + 1)]
         calls = []
         for top, bottom in itertools.pairwise(cuts):
-            band = (rect[0], rect[1] + top, rect[2], rect[1] + bottom)
+            band = Rect(rect.x0, rect.y0 + top, rect.x1, rect.y0 + bottom)
             work = self.executor.submit(
                 kernel.render_tile, prepared, band, start, end, acc[top:bottom]
             )

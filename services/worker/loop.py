@@ -1,9 +1,8 @@
-"""The worker process: N tile slots over the shared ``workers`` consumer."""
+"""The worker process: tiles in hand from the shared ``workers`` consumer, on kernel threads."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections import OrderedDict
 
 from nats.aio.msg import Msg
@@ -29,18 +28,24 @@ _EVENT_FOR = {
 
 
 class Worker:
-    """Fetches one TILES message per free slot and renders it on a thread of its own."""
+    """Holds up to ``in_hand`` TILES messages and renders their passes on ``slots`` kernel
+    threads."""
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.log = rt.log.bind(component="worker")
-        self.slots = rt.settings.tuning.worker_slots or os.cpu_count() or 1
+        config = rt.settings.worker
+        #: kernel threads
+        self.slots = config.kernel_threads()
         self.kernels = KernelThreads(self.slots)
-        # Tiles in hand: twice the renderers, so while one tile of a slot does its I/O (result
-        # write, fenced commit, tile-done, release, ack; then fetch, lease, fence the next) the
-        # other's passes keep the core busy. Passes of the tiles in hand share the threads.
-        self.in_hand = 2 * self.slots
-        self.scenes = SceneCache()
+        # Tiles in hand: by default twice the kernel threads, so while one tile of a thread does
+        # its I/O (result write, fenced commit, tile-done, release, ack; then fetch, lease,
+        # fence the next) the other's passes keep the core busy. Passes of the tiles in hand
+        # share the threads.
+        self.in_hand = config.tiles_in_hand()
+        self.scenes = SceneCache(config.scene_cache, config.scene_cache_bytes)
+        self._job_cache = config.job_cache
+        self._cancel_memory = config.cancel_memory
         self.handing_back = asyncio.Event()
         #: jobs announced cancelled (job-cancelled events); bounded, oldest forgotten first
         self.cancelled: OrderedDict[str, None] = OrderedDict()
@@ -57,10 +62,10 @@ class Worker:
                 stream=self.rt.names.stream(n.STREAM_TILES),
                 durable=n.CONSUMER_WORKERS,
                 handler=self.handle,
-                slots=self.in_hand,
+                in_hand=self.in_hand,
                 stop=stop,
                 log=self.log,
-                grace=self.rt.settings.tuning.grace_period,
+                grace=self.rt.settings.process.grace_period,
                 on_stop=self.handing_back.set,
             )
         finally:
@@ -71,7 +76,7 @@ class Worker:
         # The subject's job token is enough; the event body is for watchers.
         job_id = msg.subject.split(".")[-2]
         self.cancelled[job_id] = None
-        while len(self.cancelled) > 10_000:
+        while len(self.cancelled) > self._cancel_memory:
             self.cancelled.popitem(last=False)
 
     async def handle(self, msg: Msg) -> None:
@@ -88,7 +93,7 @@ class Worker:
                 return None
         self._jobs[job_id] = job
         self._jobs.move_to_end(job_id)
-        while len(self._jobs) > 256:
+        while len(self._jobs) > self._job_cache:
             self._jobs.popitem(last=False)
         return job
 

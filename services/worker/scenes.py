@@ -10,6 +10,7 @@ from concurrent.futures import Executor
 import numpy as np
 
 import kernel.flatten  # numba loads when the worker starts, not on its first scene
+from shared.config import WorkerSettings
 from shared.errors import TerminalError
 from shared.metadata import Job
 
@@ -35,10 +36,6 @@ def settings_of(job: Job) -> kernel.RenderSettings:
     )
 
 
-#: default bound on the prepared arrays a worker keeps (a 200k-triangle mesh is ~40 MB)
-SCENE_CACHE_BYTES = 512 * 1024 * 1024
-
-
 class SceneCache:
     """A small LRU of prepared scenes keyed by job id, bounded by count and by bytes.
 
@@ -46,7 +43,11 @@ class SceneCache:
     share one preparation instead of each building the BVH.
     """
 
-    def __init__(self, size: int = 8, max_bytes: int = SCENE_CACHE_BYTES) -> None:
+    def __init__(
+        self,
+        size: int = WorkerSettings.scene_cache,
+        max_bytes: int = WorkerSettings.scene_cache_bytes,
+    ) -> None:
         self.size, self.max_bytes = size, max_bytes
         self._items: OrderedDict[str, kernel.Prepared] = OrderedDict()
         self._preparing: dict[str, asyncio.Task[kernel.Prepared]] = {}

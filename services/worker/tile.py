@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from nats.aio.msg import Msg
 
 import kernel
+from kernel.rect import Rect
 from proto import names as n
 from proto.messages import TileDone, TileMessage
 from services.deadletter import dead_letter
@@ -35,7 +36,7 @@ from services.worker.checkpoints import Checkpoints, Progress
 from services.worker.heartbeat import Heartbeat
 from services.worker.scenes import KernelFailure
 from shared import crash
-from shared.config import Tuning
+from shared.config import WorkerSettings
 from shared.errors import DecodeError, LeaseLost, RetryableError, TerminalError, TesseraError
 from shared.jetstream import ack_sync_retry, publish
 from shared.leases import Lease, LeaseOwner
@@ -43,7 +44,7 @@ from shared.lifecycle import IllegalTransition, JobTrigger, TileState, TileTrigg
 from shared.metadata import AttemptOutcome, CommitOutcome, Job, Tile
 from shared.objectstore import tile_result_key
 from shared.retry import backoff
-from shared.tiles import Accumulator, Rect, to_npy
+from shared.tiles import Accumulator, to_npy
 
 if TYPE_CHECKING:
     from services.worker.loop import Worker
@@ -119,10 +120,10 @@ class TileRun:
         lease = await self.rt.leases.acquire(n.lease_key_tile(tm.job_id, tm.tile_index), owner)
         if lease is None:
             self.log.info("lease held by another owner; backing off")
-            await self.msg.nak(delay=float(self.rt.settings.tuning.lease_ttl))
+            await self.msg.nak(delay=float(self.rt.settings.leases.ttl))
             return
         beat = Heartbeat(
-            self.rt.leases, lease, self.msg, self.rt.settings.tuning.heartbeat_interval, self.log
+            self.rt.leases, lease, self.msg, self.rt.settings.leases.heartbeat_interval, self.log
         ).start()
         try:
             await self._leased(job, tile, beat)
@@ -209,7 +210,7 @@ class TileRun:
     async def _render(
         self, job: Job, tile: Tile, acc: Accumulator, progress: Progress, beat: Heartbeat
     ) -> None:
-        tuning = self.rt.settings.tuning
+        tuning = self.rt.settings.worker
         prepared = await self.w.scenes.get(job, self.w.kernels.executor)
         rect = _rect(tile)
         size = tuning.samples_per_pass
@@ -244,7 +245,7 @@ class TileRun:
         try:
             await asyncio.wait_for(
                 self.w.kernels.render(prepared, rect, start, end, acc),
-                self.rt.settings.tuning.progress_timeout,
+                self.rt.settings.worker.progress_timeout,
             )
         except TimeoutError:
             raise Stalled(f"samples {start}..{end} made no progress") from None
@@ -264,7 +265,7 @@ class TileRun:
     ) -> None:
         data = to_npy(acc)
         sha = _sha256(data)
-        inline = len(data) <= self.rt.settings.tuning.inline_result_bytes
+        inline = len(data) <= self.rt.settings.worker.inline_result_bytes
         key = None if inline else tile_result_key(job.job_id, tile.tile_index, sha)
         if key is not None:
             await self.rt.store.put(key, data)
@@ -421,7 +422,7 @@ class TileRun:
         await self.msg.term()
 
 
-def pass_size(samples: int, seconds: float, tuning: Tuning) -> int:
+def pass_size(samples: int, seconds: float, tuning: WorkerSettings) -> int:
     """Samples per pixel of the next pass, after a pass of ``samples`` took ``seconds``.
 
     Sized from the measured rate to take about ``pass_seconds``: never below
@@ -439,7 +440,7 @@ def pass_size(samples: int, seconds: float, tuning: Tuning) -> int:
 
 
 def _rect(tile: Tile) -> Rect:
-    return (tile.x0, tile.y0, tile.x1, tile.y1)
+    return tile.rect
 
 
 def _sha256(data: bytes) -> str:

@@ -26,7 +26,6 @@ from shared.metadata.models import (
     SubmitResult,
     Tile,
     TileCounts,
-    TileRect,
 )
 from shared.metadata.store import MetadataStore
 from shared.metadata.translate import MetadataError
@@ -44,5 +43,4 @@ __all__ = [
     "SubmitResult",
     "Tile",
     "TileCounts",
-    "TileRect",
 ]

@@ -6,10 +6,11 @@ import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, TypeVar
 
 from asyncpg import Record
 
+from kernel.rect import Rect
 from shared.lifecycle import JobState, TileState
 
 SUBMIT_TRIGGER = "submit"
@@ -37,15 +38,6 @@ class AttemptOutcome(StrEnum):
     HANDED_BACK = "handed_back"
     CANCELLED = "cancelled"
     FENCED = "fenced"
-
-
-class TileRect(NamedTuple):
-    """A tile's pixel rectangle, half-open: ``[x0, x1) × [y0, y1)``."""
-
-    x0: int
-    y0: int
-    x1: int
-    y1: int
 
 
 @dataclass(frozen=True)
@@ -132,9 +124,9 @@ class Tile:
     updated_at: datetime
 
     @property
-    def rect(self) -> TileRect:
+    def rect(self) -> Rect:
         """The pixel rectangle."""
-        return TileRect(self.x0, self.y0, self.x1, self.y1)
+        return Rect(self.x0, self.y0, self.x1, self.y1)
 
     @classmethod
     def from_record(cls, row: Record) -> Tile:

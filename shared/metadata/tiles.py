@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
+from kernel.rect import Rect
 from shared.errors import ConflictError, NotFoundError, ValidationError
 from shared.lifecycle import (
     TERMINAL_JOB_STATES,
@@ -23,7 +24,7 @@ from shared.lifecycle import (
 )
 from shared.metadata import audit, jobs
 from shared.metadata.audit import Conn, Who
-from shared.metadata.models import Tile, TileCounts, TileRect
+from shared.metadata.models import Tile, TileCounts
 
 _TERMINAL_JOBS = [s.value for s in TERMINAL_JOB_STATES]
 _TERMINAL_TILES = [s.value for s in TERMINAL_TILE_STATES]
@@ -68,10 +69,10 @@ async def list_tiles(conn: Conn, job_id: str) -> list[Tile]:
     return [Tile.from_record(row) for row in rows]
 
 
-def _check_rects(rects: Sequence[tuple[int, int, int, int]]) -> list[TileRect]:
+def _check_rects(rects: Sequence[tuple[int, int, int, int]]) -> list[Rect]:
     if not rects:
         raise ValidationError("plan: a job needs at least one tile")
-    out = [TileRect(*r) for r in rects]
+    out = [Rect(*r) for r in rects]
     for i, r in enumerate(out):
         if min(r.x0, r.y0) < 0 or r.x1 <= r.x0 or r.y1 <= r.y0:
             raise ValidationError(f"plan: tile {i} rect {tuple(r)} is empty or negative")

@@ -199,7 +199,7 @@ async def _check_leases(rig: Rig, report: JobReport) -> None:
             left.clear()
         return not left
 
-    timeout = rig.settings.tuning.lease_ttl + 2
+    timeout = rig.settings.leases.ttl + 2
     try:
         await eventually(none_left, timeout=timeout, interval=0.2, what="the job's leases expire")
     except AssertionError:  # a finding of the report, not a failure of the wait

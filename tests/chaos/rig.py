@@ -122,7 +122,7 @@ class Rig:
 
     @property
     def names(self) -> n.Names:
-        return n.Names(self.settings.tuning.namespace)
+        return n.Names(self.settings.deployment.namespace)
 
     async def submit(self, body: dict[str, Any]) -> str:
         """Submit once a gateway answers; the job id."""
@@ -214,7 +214,7 @@ async def open_rig(
         try:
             objects = await open_object_store(settings.object_store)
             try:
-                client = TesseraClient(nc, n.Names(settings.tuning.namespace), timeout=10)
+                client = TesseraClient(nc, n.Names(settings.deployment.namespace), timeout=10)
                 rig = Rig(procs, supervisor, settings, nc, client, db, objects)
                 try:
                     if start:

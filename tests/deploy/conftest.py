@@ -77,6 +77,6 @@ async def auth_client(
     """An API client connected as the ``client`` user."""
     nc = await auth_nats.connect("client", e2e_settings)
     try:
-        yield TesseraClient(nc, Names(e2e_settings.tuning.namespace), timeout=10)
+        yield TesseraClient(nc, Names(e2e_settings.deployment.namespace), timeout=10)
     finally:
         await nc.close()

@@ -44,7 +44,7 @@ async def test_a_worker_cannot_call_the_api_and_a_denial_is_logged_loudly(
     auth_nats: AuthNats, e2e_settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.ERROR, logger="shared.jetstream")
-    names = n.Names(e2e_settings.tuning.namespace)
+    names = n.Names(e2e_settings.deployment.namespace)
     nc = await auth_nats.connect("worker", e2e_settings)
     try:
         for verb in (n.ApiVerb.DLQ_REQUEUE, n.ApiVerb.SUBMIT):
@@ -72,7 +72,7 @@ async def test_a_client_cannot_read_the_lease_bucket(
 ) -> None:
     auth_services.wait_started(auth_services.start("scheduler"))  # the buckets exist
     caplog.set_level(logging.ERROR, logger="shared.jetstream")
-    names = n.Names(e2e_settings.tuning.namespace)
+    names = n.Names(e2e_settings.deployment.namespace)
     bucket = names.bucket(n.BUCKET_LEASES)
     nc = await auth_nats.connect("client", e2e_settings)
     try:

@@ -98,7 +98,7 @@ async def cluster_client(cluster_env: dict[str, str]) -> AsyncIterator[TesseraCl
     settings = Settings.from_env(cluster_env)
     nc = await connect_nats(settings, name="test-cluster-client")
     try:
-        yield TesseraClient(nc, n.Names(settings.tuning.namespace), timeout=10)
+        yield TesseraClient(nc, n.Names(settings.deployment.namespace), timeout=10)
     finally:
         await nc.close()
 

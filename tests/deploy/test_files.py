@@ -8,7 +8,6 @@ labels, ports, Secrets and ConfigMaps refer to things that exist.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from proto import names as n
 from proto.limits import NATS_MAX_PAYLOAD
 from services.cli import SERVICES, build_parser
 from shared import natsauth
-from shared.config import Settings, Tuning
+from shared.config import Settings, variables
 from tests.deploy.conftest import REPO
 
 REQUIRED = {"TESSERA_NATS_URL", "TESSERA_DATABASE_URL", "TESSERA_OBJECT_STORE"}
@@ -37,11 +36,10 @@ COMPOSE_SERVICE = {
 
 
 def known_variables() -> set[str]:
-    """Every TESSERA_* name shared/config.py reads: literals in its source + Tuning fields."""
+    """Every TESSERA_* name shared/config.py reads: literals in its source + every knob's."""
     source = Path(shared.config.__file__).read_text()
     literals = set(re.findall(r"TESSERA_[A-Z0-9_]+", source))
-    fields = {f"TESSERA_{f.name.upper()}" for f in dataclasses.fields(Tuning)}
-    return literals | fields
+    return literals | variables()
 
 
 def subcommands() -> set[str]:
@@ -170,10 +168,10 @@ def test_compose_tessera_services_are_cli_commands_with_complete_settings(
         role = svc["command"][0]
         env = {k: interpolated(str(v)) for k, v in svc["environment"].items()}
         settings = check_service_env(name, env)
-        port = settings.tuning.metrics_port
+        port = settings.process.metrics_port
         assert port > 0 and f"{port}/readyz" in " ".join(svc["healthcheck"]["test"])
         grace = float(str(svc["stop_grace_period"]).rstrip("s"))
-        assert grace > settings.tuning.grace_period, name
+        assert grace > settings.process.grace_period, name
         url = str(svc["environment"]["TESSERA_NATS_URL"])
         assert url.startswith(f"nats://{role}:${{TESSERA_NATS_PASSWORD_{role.upper()}"), url
         assert f"TESSERA_NATS_PASSWORD_{role.upper()}" in nats_env
@@ -255,13 +253,15 @@ def test_k8s_deployments_are_consistent(k8s: dict[str, list[dict[str, Any]]]) ->
         assert all(u.startswith(f"nats://{role}:") for u in settings.nats_urls), name
         assert len(settings.nats_urls) == 3, "every NATS node, so reconnects keep credentials"
         ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-        assert ports[container["livenessProbe"]["httpGet"]["port"]] == settings.tuning.metrics_port
+        assert ports[container["livenessProbe"]["httpGet"]["port"]] == settings.process.metrics_port
         assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
         assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
-        assert ports[container["readinessProbe"]["httpGet"]["port"]] == settings.tuning.metrics_port
+        assert (
+            ports[container["readinessProbe"]["httpGet"]["port"]] == settings.process.metrics_port
+        )
         assert {"cpu", "memory"} <= set(container["resources"]["requests"])
         assert {"cpu", "memory"} <= set(container["resources"]["limits"])
-        assert pod["terminationGracePeriodSeconds"] > settings.tuning.grace_period
+        assert pod["terminationGracePeriodSeconds"] > settings.process.grace_period
         assert pod["securityContext"]["runAsNonRoot"] is True
     worker = deployments["tessera-worker"]["spec"]["template"]["spec"]["containers"][0]
     slots = next(e["value"] for e in worker["env"] if e["name"] == "TESSERA_WORKER_SLOTS")

@@ -62,7 +62,7 @@ def e2e_settings(e2e_env: dict[str, str]) -> Settings:
 @pytest.fixture
 async def client(nc: NATS, e2e_settings: Settings) -> TesseraClient:
     """An API client on this test's namespace."""
-    return TesseraClient(nc, Names(e2e_settings.tuning.namespace), timeout=10)
+    return TesseraClient(nc, Names(e2e_settings.deployment.namespace), timeout=10)
 
 
 @pytest.fixture

@@ -156,7 +156,7 @@ async def test_a_redelivered_tile_is_not_rendered_twice_in_parallel(
         return tile is not None and tile.state.value in ("leased", "progressing")
 
     await eventually(leased, timeout=60, what="the tile is being rendered")
-    names = n.Names(e2e_settings.tuning.namespace)
+    names = n.Names(e2e_settings.deployment.namespace)
     copy = TileMessage(job_id, 0, generation=7).encode()
     await nc.jetstream().publish(
         names.tile_subject(job_id, 0), copy, headers={"Nats-Msg-Id": n.tile_msg_id(job_id, 0, 7)}
@@ -186,7 +186,7 @@ async def test_sweeper_republishes_a_deleted_tile_message(
     body = request()
     reply = await submit(client, body)
     job_id = reply["job_id"]
-    names = n.Names(e2e_settings.tuning.namespace)
+    names = n.Names(e2e_settings.deployment.namespace)
     js = nc.jetstream()
     stream = names.stream(n.STREAM_TILES)
 
@@ -220,7 +220,7 @@ async def test_sweeper_republishes_a_lost_job_message(
     services.start("gateway")
     body = request(spp=2)
     job_id = (await submit(client, body))["job_id"]
-    names = n.Names(e2e_settings.tuning.namespace)
+    names = n.Names(e2e_settings.deployment.namespace)
     js = nc.jetstream()
     stream = names.stream(n.STREAM_JOBS)
     lost = await js.get_last_msg(stream, names.job_subject(job_id))

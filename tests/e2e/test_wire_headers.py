@@ -17,7 +17,7 @@ from tests.helpers import eventually
 async def test_pipeline_messages_carry_kind_job_and_tile_headers(
     services: ServiceProcesses, client: TesseraClient, nc: NATS, e2e_settings: Settings
 ) -> None:
-    names = n.Names(e2e_settings.tuning.namespace)
+    names = n.Names(e2e_settings.deployment.namespace)
     by_id: dict[str, Msg] = {}  # a core subscriber also gets publishes absorbed as duplicates
 
     async def keep(msg: Msg) -> None:

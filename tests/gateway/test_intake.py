@@ -51,7 +51,7 @@ async def test_a_burst_of_large_submits_is_shed_not_disconnected(
         status_nc = await connect_nats(settings, name="test-status")
         try:
             result = await run_burst(
-                burst_nc, status_nc, Names(settings.tuning.namespace), requests=BURST
+                burst_nc, status_nc, Names(settings.deployment.namespace), requests=BURST
             )
         finally:
             await burst_nc.close()
@@ -75,7 +75,7 @@ async def test_a_burst_of_large_submits_is_shed_not_disconnected(
 async def test_a_full_lane_answers_busy_with_a_retry_after_hint(
     runtime: Runtime, nc: NATS, names: Names
 ) -> None:
-    gw = Gateway(runtime, intake=Intake(slots=0, large_slots=0))
+    gw = Gateway(runtime, intake=Intake(in_flight=0, large_in_flight=0))
     await gw.start()
     try:
         reply = await raw_request(nc, names, ApiVerb.STATUS, orjson.dumps({"job_id": "j"}))

@@ -41,7 +41,7 @@ def test_resume_through_many_checkpoints(name: str, splits: list[int]) -> None:
     points = [0, *sorted(splits), SPP]
     acc = np.zeros((p.settings.height, p.settings.width, 3))
     for a, b in itertools.pairwise(points):
-        kernel.render_tile(p, (0, 0, p.settings.width, p.settings.height), a, b, acc)
+        kernel.render_tile(p, kernel.Rect(0, 0, p.settings.width, p.settings.height), a, b, acc)
     assert same_bits(acc, full(p, 0, SPP))
 
 
@@ -68,8 +68,8 @@ def test_assembled_tiles_equal_full_frame(name: str, xs: list[int], ys: list[int
     assembled = np.zeros((h, w, 3))
     for x0, y0, x1, y1 in _tiles(w, h, xs, ys):
         tile = np.zeros((y1 - y0, x1 - x0, 3))
-        kernel.render_tile(p, (x0, y0, x1, y1), 0, k, tile)
-        kernel.render_tile(p, (x0, y0, x1, y1), k, SPP, tile)
+        kernel.render_tile(p, kernel.Rect(x0, y0, x1, y1), 0, k, tile)
+        kernel.render_tile(p, kernel.Rect(x0, y0, x1, y1), k, SPP, tile)
         assembled[y0:y1, x0:x1] = tile
     assert same_bits(assembled, full(p, 0, SPP, parallel=False))
     assert same_bits(assembled, full(p, 0, SPP, parallel=True))
@@ -78,7 +78,7 @@ def test_assembled_tiles_equal_full_frame(name: str, xs: list[int], ys: list[int
 def test_tile_into_a_view_of_the_full_accumulator() -> None:
     p = prepared("cornell")
     acc = np.zeros((p.settings.height, p.settings.width, 3))
-    kernel.render_tile(p, (5, 3, 17, 11), 0, SPP, acc[3:11, 5:17])
+    kernel.render_tile(p, kernel.Rect(5, 3, 17, 11), 0, SPP, acc[3:11, 5:17])
     assert same_bits(acc[3:11, 5:17], full(p, 0, SPP)[3:11, 5:17])
     assert not acc[:3].any()
 

@@ -121,9 +121,9 @@ def test_settings_and_frame_limits() -> None:
 def test_render_arguments_are_checked() -> None:
     p = kernel.prepare(_cornell(), 0, kernel.RenderSettings(8, 6, 1))
     with pytest.raises(ValueError, match="rect"):
-        kernel.render_tile(p, (0, 0, 9, 6), 0, 1, np.zeros((6, 9, 3)))
+        kernel.render_tile(p, kernel.Rect(0, 0, 9, 6), 0, 1, np.zeros((6, 9, 3)))
     with pytest.raises(ValueError, match=r"shape \(6, 8, 3\)"):
-        kernel.render_tile(p, (0, 0, 8, 6), 0, 1, np.zeros((6, 8, 3), np.float32))
+        kernel.render_tile(p, kernel.Rect(0, 0, 8, 6), 0, 1, np.zeros((6, 8, 3), np.float32))
     with pytest.raises(ValueError, match="sample_start <= sample_end"):
         kernel.render_full(p, 2, 1, np.zeros((6, 8, 3)))
 

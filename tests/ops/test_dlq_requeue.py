@@ -60,7 +60,7 @@ async def _scenario(procs, client, db, objects, nc, settings, tessera) -> None:
     await eventually(dead, timeout=60, what="the job is dead-lettered")
     letters = "tessera_dead_letters_total"
     assert await metric(scheduler_port, letters, unit="tile", reason="max_deliveries") == 1
-    names = n.Names(settings.tuning.namespace)
+    names = n.Names(settings.deployment.namespace)
     js = nc.jetstream()
     letter = await js.get_last_msg(names.stream(n.STREAM_DLQ), names.dlq_subject(job_id, "tile-0"))
     headers = letter.headers or {}  # what `nats stream view DLQ` shows of the scheduler's copy

@@ -48,7 +48,7 @@ async def test_lost_lease_then_takeover_and_top_shows_the_tile(
         return tile is not None and tile.samples_done > 0
 
     await eventually(rendering, timeout=60, what="the tile is rendering")
-    names = n.Names(e2e_settings.tuning.namespace)
+    names = n.Names(e2e_settings.deployment.namespace)
     top = await tessera("top", "--once")
     assert top.status == 0, top.err
     assert names.stream(n.STREAM_TILES) in top.out and "workers" in top.out

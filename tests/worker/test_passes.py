@@ -10,7 +10,7 @@ import pytest
 import kernel
 from services.worker.kernels import KernelThreads
 from services.worker.tile import pass_size
-from shared.config import Tuning
+from shared.config import WorkerSettings
 from shared.tiles import zeros_for
 
 
@@ -23,7 +23,7 @@ def prepared() -> kernel.Prepared:
 async def test_a_pass_split_over_idle_threads_gives_the_same_bits(
     prepared: kernel.Prepared,
 ) -> None:
-    rect = (8, 4, 40, 37)  # 33 rows: bands of unequal height
+    rect = kernel.Rect(8, 4, 40, 37)  # 33 rows: bands of unequal height
     alone = zeros_for(rect)
     kernel.render_tile(prepared, rect, 0, 3, alone)
     threads = KernelThreads(3)
@@ -43,7 +43,7 @@ async def test_a_pass_split_over_idle_threads_gives_the_same_bits(
 async def test_split_calls_are_counted_while_they_run(prepared: kernel.Prepared) -> None:
     threads = KernelThreads(2)
     try:
-        rect = (0, 0, 48, 40)
+        rect = kernel.Rect(0, 0, 48, 40)
         task = asyncio.create_task(threads.render(prepared, rect, 0, 64, zeros_for(rect)))
         await asyncio.sleep(0)  # the task submits both bands before its first wait
         assert threads.running == 2
@@ -55,9 +55,9 @@ async def test_split_calls_are_counted_while_they_run(prepared: kernel.Prepared)
 
 
 def test_pass_size_grows_to_the_target_duration_within_bounds() -> None:
-    tuning = Tuning(samples_per_pass=4, pass_seconds=0.5)
+    tuning = WorkerSettings(samples_per_pass=4, pass_seconds=0.5)
     assert pass_size(4, 0.01, tuning) == 64, "at most 16 times the last pass"
     assert pass_size(4, 0.1, tuning) == 20, "4 samples in 0.1 s: 20 in 0.5 s"
     assert pass_size(4, 5.0, tuning) == 4, "never below samples_per_pass"
     assert pass_size(4, 0.0, tuning) == 64
-    assert pass_size(8, 0.1, Tuning(samples_per_pass=4, pass_seconds=0)) == 4, "0 disables"
+    assert pass_size(8, 0.1, WorkerSettings(samples_per_pass=4, pass_seconds=0)) == 4, "0 disables"
