@@ -17,21 +17,33 @@ Two gateways are measured side by side in one run:
   requests in the client library's buffer; default pending limits; every body decoded on the
   loop).
 
-Measured on the 2-core development box (loaded by other jobs), 2,000 submits: legacy: the gateway
-was cut as a slow consumer ("MaxPending of 67108864 Exceeded") and reconnected; status 1,234
-requests, p50 3 ms, p99 11 ms, max 862 ms; submits 36 invalid, 823 no responders, 1,141 timed
-out (lost), 32.5 s. Shedding: no slow consumer, no disconnect; status 42 of 42 ok, p50 6 ms,
-p99 = max 831 ms; submits 8 invalid, 1,992 busy, none lost, 2.4 s (before the warm checker and
-the frozen heap: 95 samples, p50 5 ms, p99 = max 1.1 s, 4.2 s).
+The burst is fired from a process of its own (its own event loop and connection), and status
+samples count only while it is being fired, so status latency is the gateway's, not this
+process's time writing 114 MB. Each status carries its send time in a header; the gateway (in
+``--serve`` mode) notes when its loop read it and when the reply was ready, and the "status legs"
+line splits latency into to / in / back from the gateway (``time.monotonic()`` is one clock for
+every process on the host).
 
-Where the slow status replies go (timestamps per request in client and gateway): the gateway
-answers the first status within 15 ms of receiving it, but receives it 0.3 s after it was sent
-(behind the burst's bytes on its one connection) and the reply reaches this process ~0.7 s
-later, when this process's own event loop, busy sending 114 MB, gets to it (legacy's first
-status is as slow). A full garbage collection over the ~100,000 objects the kernel import leaves
-held the gateway's loop 0.15-0.5 s mid-burst until the gateway froze its start-up heap; the
-checker process's spawn and kernel import (~0.8 s CPU) now happen at gateway start. The
-"slowest status" line prints each slow request's send time in the burst.
+Measured on the 2-core development box shared with other test runs, 2,000 submits, two runs of
+both modes (load average 4.5 at the start of the first, 5.5 at the end of the second):
+
+- run 1: legacy cut as a slow consumer ("MaxPending of 67108864 Exceeded"); status 1,004 ok,
+  452 no responders, p50 3 ms, p99 19 ms, max 1.45 s; submits 653 invalid, 783 no responders,
+  564 timed out, 33.0 s. Shedding: the gateway's first reply only after 2.0 s, and its submit
+  connection was cut too (202 no responders, 669 timed out, 1,099 busy, 30 invalid, 34.2 s);
+  its status connection was not: 1,449 of 1,449 ok, p50 4 ms, p99 86 ms, max 183 ms.
+- run 2: legacy cut; status 1,006 ok, 395 no responders, p50 3 ms, p99 19 ms, max 3.3 s; 34.3 s.
+  Shedding: no slow consumer; status 100 of 100 ok, p50 17 ms, p99 = max 68 ms (legs: to the
+  gateway max 32 ms, in it max 46 ms, back max 21 ms); submits 33 invalid, 1,967 busy, 2.8 s.
+
+Before the second connection (same bench, shedding only, load average ~2): status p99 = max
+217, 318 and 577 ms over 33-36 samples, nearly all of it "to the gateway" (210, 295, 569 ms:
+waiting behind the burst's bytes on the one connection); with it, three runs: max 102, 57 and
+54 ms over 59-68 samples, p50 9-16 ms instead of 2-7 ms (statuses now reach a loop busy with
+the burst rather than waiting until it is done). Before this bench fired from its own process:
+42 samples, p50 6 ms, p99 = max 831 ms, most of it this process's loop sending the burst. A full
+garbage collection over the start-up heap held the gateway's loop 0.15-0.5 s mid-burst until
+the gateway froze it; the checker process's spawn and imports now happen at gateway start.
 """
 
 from __future__ import annotations

@@ -45,15 +45,16 @@ __all__ = ["CHECKER_MODULES", "Gateway", "Handler", "freeze_heap", "run"]
 Handler = Callable[[bytes, Mapping[str, str] | None], Awaitable[Reply]]
 """One verb: request body and headers in, its reply schema out (or a TesseraError)."""
 CHECKER_MODULES = ("services.gateway.handlers",)
-"""What a large submit's check imports in the worker process (the kernel, numba, numpy)."""
+"""What a large submit's check imports in the worker process (the kernel's checks, numpy)."""
 
 
 def freeze_heap() -> None:
     """Leave everything allocated at start-up out of the garbage collector's full passes.
 
-    The gateway imports the kernel (numba, numpy): some 100,000 long-lived objects, which every
-    full collection walks again. A burst allocates enough to trigger one, and it held the loop
-    for 0.1 to 0.5 s in the middle of the burst (measured), during which no request was read.
+    The gateway imports the kernel's checks and numpy (numba no more, since the kernel's
+    lazy import): some 60,000 long-lived objects, which every full collection walks again (with
+    numba, 100,000). A burst allocates enough to trigger one, and it held the loop for 0.1 to
+    0.5 s in the middle of the burst (measured then), during which no request was read.
     Frozen, a full pass only walks what the service allocated since.
     """
     gc.collect()
