@@ -243,13 +243,21 @@ async def _poll_status(
 
 
 async def run_burst(
-    settings: Settings, status_nc: NATS, names: Names, *, requests: int, wait: float = 30.0
+    settings: Settings,
+    status_nc: NATS,
+    names: Names,
+    *,
+    requests: int,
+    wait: float = 30.0,
+    own_process: bool = True,
 ) -> BurstResult:
-    """Fire ``requests`` large submits at once from a process of their own while ``status_nc``
-    polls a status every 20 ms.
+    """Fire ``requests`` large submits at once while ``status_nc`` polls a status every 20 ms.
 
-    The burst has its own process and connection (``settings``), so the status latency measured
-    here is the gateway's, not this event loop's time sending the burst's bytes.
+    With ``own_process`` the burst has a process and connection (``settings``) of its own, so
+    the status latency measured here is the gateway's, not this event loop's time sending the
+    burst's bytes, and the burst goes out as fast as one process can send. Without it, the
+    burst's own connection is served by this event loop, beside the status poller: one client
+    sending as fast as it can (issue 14's reproduction, and the test's).
     """
     client = TesseraClient(status_nc, names, timeout=10)
     job = await client.submit(
@@ -260,9 +268,12 @@ async def run_burst(
     subject = names.api_subject(ApiVerb.SUBMIT)
     spawn = multiprocessing.get_context("spawn")
     try:
-        with ProcessPoolExecutor(1, mp_context=spawn) as pool:
-            loop = asyncio.get_running_loop()
-            fired = await loop.run_in_executor(pool, _fire, settings, subject, requests, wait)
+        if own_process:
+            with ProcessPoolExecutor(1, mp_context=spawn) as pool:
+                loop = asyncio.get_running_loop()
+                fired = await loop.run_in_executor(pool, _fire, settings, subject, requests, wait)
+        else:
+            fired = await _fire_all(settings, subject, requests, wait)
     finally:
         stop.set()
         samples = await poller
