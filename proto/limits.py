@@ -45,6 +45,12 @@ from shared.errors import DecodeError, ValidationError
 MAX_REQUEST_BYTES = 5 * 1024 * 1024
 NATS_MAX_PAYLOAD = 8 * 1024 * 1024
 """``max_payload`` of every NATS server Tessera configures: the one source of that number."""
+NATS_MAX_PENDING = 32 * NATS_MAX_PAYLOAD
+"""``max_pending`` of every NATS server Tessera configures: bytes the server buffers for one
+connection before cutting it as a slow consumer. NATS's default, 64 MiB, holds only 8 bodies of
+``max_payload``, and a gateway on a starved core was cut by a 114 MB burst of refused submits
+(issue 14); 256 MiB holds 32 of the largest bodies, or that whole burst. It costs memory only
+for a connection that actually lags."""
 MAX_SCENE_BYTES = 4 * 1024 * 1024
 MAX_SCENE_DEPTH = 32
 MAX_DIMENSION = 8192

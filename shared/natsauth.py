@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
 from proto import names as n
-from proto.limits import NATS_MAX_PAYLOAD
+from proto.limits import NATS_MAX_PAYLOAD, NATS_MAX_PENDING
 from proto.topology import Topology
 
 __all__ = [
@@ -187,11 +187,13 @@ def generate_passwords() -> dict[str, str]:
     return {role: secrets.token_urlsafe(24) for role in ROLES}
 
 
-def render_limits(max_payload: int = NATS_MAX_PAYLOAD) -> str:
+def render_limits(max_payload: int = NATS_MAX_PAYLOAD, max_pending: int = NATS_MAX_PENDING) -> str:
     """The server limits every Tessera NATS configuration starts with (see proto/limits.py)."""
     return (
         "# max_payload: proto.limits.NATS_MAX_PAYLOAD (the largest request plus its headers)\n"
         f"max_payload: {max_payload}\n"
+        "# max_pending: proto.limits.NATS_MAX_PENDING (buffered for a lagging connection)\n"
+        f"max_pending: {max_pending}\n"
     )
 
 

@@ -6,8 +6,14 @@ spawns the handler, or, when the lane is full, answers ``busy`` with a ``retry_a
 once. It never waits: a request left waiting in the client library would leave the next ones in
 nats-server's buffer for this connection, which the server cuts as a slow consumer once it
 holds 64 MiB (every request buffered there is lost, and until the reconnect every request gets
-"no responders"). On stop the subscriptions go first, then in-flight requests get the grace
-period to finish and reply.
+"no responders").
+
+Submits arrive on the service's connection, every other verb (status, list, cancel, retry,
+result, the dead-letter verbs) on a second connection of the gateway's own, same servers and
+user: nats-server writes each connection's messages in order, so on one connection a status
+waited behind every byte of a burst of large submits sent before it (measured: up to 0.6 s).
+A request is answered on the connection it arrived on. On stop the subscriptions go first, then
+in-flight requests get the grace period to finish and reply, then the second connection drains.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import gc
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
@@ -30,6 +37,7 @@ from services.gateway.intake import Intake, Lane
 from services.gateway.results import ResultHandlers
 from services.ops.requeue import Requeuer
 from shared.errors import RetryableError, TesseraError
+from shared.jetstream import connect_nats
 from shared.runtime import Runtime
 
 __all__ = ["CHECKER_MODULES", "Gateway", "Handler", "freeze_heap", "run"]
@@ -37,15 +45,16 @@ __all__ = ["CHECKER_MODULES", "Gateway", "Handler", "freeze_heap", "run"]
 Handler = Callable[[bytes, Mapping[str, str] | None], Awaitable[Reply]]
 """One verb: request body and headers in, its reply schema out (or a TesseraError)."""
 CHECKER_MODULES = ("services.gateway.handlers",)
-"""What a large submit's check imports in the worker process (the kernel, numba, numpy)."""
+"""What a large submit's check imports in the worker process (the kernel's checks, numpy)."""
 
 
 def freeze_heap() -> None:
     """Leave everything allocated at start-up out of the garbage collector's full passes.
 
-    The gateway imports the kernel (numba, numpy): some 100,000 long-lived objects, which every
-    full collection walks again. A burst allocates enough to trigger one, and it held the loop
-    for 0.1 to 0.5 s in the middle of the burst (measured), during which no request was read.
+    The gateway imports the kernel's checks and numpy (numba no more, since the kernel's
+    lazy import): some 60,000 long-lived objects, which every full collection walks again (with
+    numba, 100,000). A burst allocates enough to trigger one, and it held the loop for 0.1 to
+    0.5 s in the middle of the burst (measured then), during which no request was read.
     Frozen, a full pass only walks what the service allocated since.
     """
     gc.collect()
@@ -69,6 +78,8 @@ class Gateway:
         }
         self._tasks: set[asyncio.Task[None]] = set()
         self._subs: list[Subscription] = []
+        #: the connection of every verb but submit (see the module docstring); set by start()
+        self.small_nc: NATS | None = None
 
     def _verbs(self) -> dict[ApiVerb, Handler]:
         h, d = self.handlers, self.dlq
@@ -88,21 +99,41 @@ class Gateway:
     async def start(self) -> None:
         """Subscribe to every verb in the shared queue group; requests flow once this returns.
 
-        The large lane's checker process starts in the background (``intake.warm``).
+        Opens the second connection (submits stay on the service's). The large lane's checker
+        process starts in the background (``intake.warm``).
         """
+        self.small_nc = small = await self._connect_small()
         self.intake.start(*CHECKER_MODULES)
         msgs, size = self.intake.pending_limits(self.rt.nc.max_payload)
-        for subject in self.routes:
-            sub = await self.rt.nc.subscribe(
-                subject,
-                queue=self.rt.names.queue_group,
-                cb=self._on_msg,
-                pending_msgs_limit=msgs,
-                pending_bytes_limit=size,
-            )
-            self._subs.append(sub)
-        await self.rt.nc.flush()
+        submit = self.rt.names.api_subject(ApiVerb.SUBMIT)
+        try:
+            for subject in self.routes:
+                nc = self.rt.nc if subject == submit else small
+                sub = await nc.subscribe(
+                    subject,
+                    queue=self.rt.names.queue_group,
+                    cb=self._receiver(nc),
+                    pending_msgs_limit=msgs,
+                    pending_bytes_limit=size,
+                )
+                self._subs.append(sub)
+            await self.rt.nc.flush()
+            await small.flush()
+        except BaseException:
+            await self.stop(0)  # no connection or process left behind by a failed start
+            raise
         self.rt.log.info("gateway listening", subjects=len(self._subs))
+
+    async def _connect_small(self) -> NATS:
+        """The connection of the small verbs: the service's servers, user and options."""
+        settings = self.rt.settings
+        return await connect_nats(settings, name=f"gateway:{settings.node}:small")
+
+    def _receiver(self, nc: NATS) -> Callable[[Msg], Awaitable[None]]:
+        async def on_msg(msg: Msg) -> None:
+            await self._on_msg(msg, nc)
+
+        return on_msg
 
     async def stop(self, grace: float) -> None:
         """Stop taking requests, then give in-flight ones ``grace`` seconds to reply."""
@@ -117,20 +148,24 @@ class Gateway:
                 self.rt.log.warning("requests cut off at stop", count=len(late))
                 await asyncio.wait(late)
         self.intake.close()
+        small, self.small_nc = self.small_nc, None
+        if small is not None and small is not self.rt.nc and not small.is_closed:
+            await small.drain()  # the replies still buffered go out, then it closes
 
-    async def _on_msg(self, msg: Msg) -> None:
+    async def _on_msg(self, msg: Msg, nc: NATS) -> None:
+        """A request that arrived on ``nc`` (and is answered there)."""
         lane = self.intake.lane_for(len(msg.data))
         if lane.take():
-            self._spawn(msg, lane)
+            self._spawn(msg, lane, nc)
         else:
-            await self._busy(msg, lane)
+            await self._busy(msg, lane, nc)
 
-    def _spawn(self, msg: Msg, lane: Lane) -> None:
-        task = asyncio.create_task(self._serve(msg, lane))
+    def _spawn(self, msg: Msg, lane: Lane, nc: NATS) -> None:
+        task = asyncio.create_task(self._serve(msg, lane, nc))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _busy(self, msg: Msg, lane: Lane) -> None:
+    async def _busy(self, msg: Msg, lane: Lane, nc: NATS) -> None:
         self.rt.metrics.gateway_busy.labels(lane=lane.name).inc()
         if not msg.reply:
             return
@@ -142,18 +177,18 @@ class Gateway:
             retry_after=retry_after,
         )
         try:
-            await self.rt.nc.publish(msg.reply, reply)
+            await nc.publish(msg.reply, reply)
         except Exception:  # the connection is gone: the client's request times out
             self.rt.log.error("could not reply busy", exc=True, subject=msg.subject)
 
-    async def _serve(self, msg: Msg, lane: Lane) -> None:
+    async def _serve(self, msg: Msg, lane: Lane, nc: NATS) -> None:
         started = time.monotonic()
         try:
             reply = await self.dispatch(msg.subject, msg.data, msg.headers)
             if msg.reply:
                 # not msg.respond(): it would echo the request's headers, which count
                 # towards max_payload too
-                await self.rt.nc.publish(msg.reply, reply)
+                await nc.publish(msg.reply, reply)
         except Exception:  # the reply itself failed (connection gone): log, keep serving
             self.rt.log.error("could not reply", exc=True, subject=msg.subject)
         finally:

@@ -19,7 +19,7 @@ import yaml
 
 import shared.config
 from proto import names as n
-from proto.limits import NATS_MAX_PAYLOAD
+from proto.limits import NATS_MAX_PAYLOAD, NATS_MAX_PENDING
 from services.cli import SERVICES, build_parser
 from shared import natsauth
 from shared.config import Settings, variables
@@ -335,10 +335,13 @@ def test_every_shipped_nats_config_sets_max_payload_from_the_one_constant(
     for conf in confs:
         found = re.findall(r"^\s*max_payload\s*[:=]\s*(\S+)", conf.read_text(), re.M)
         assert found == [str(NATS_MAX_PAYLOAD)], conf
+        pending = re.findall(r"^\s*max_pending\s*[:=]\s*(\S+)", conf.read_text(), re.M)
+        assert pending == [str(NATS_MAX_PENDING)], conf
     command = compose["services"]["nats"]["command"]
     mounted = command[command.index("-c") + 1]
     mount = next(v for v in compose["services"]["nats"]["volumes"] if f":{mounted}" in v)
     assert REPO / mount.split(":")[0].removeprefix("./") in confs
     values = yaml.safe_load((REPO / "k8s" / "nats-values.yaml").read_text())
     assert values["config"]["merge"]["max_payload"] == NATS_MAX_PAYLOAD
+    assert values["config"]["merge"]["max_pending"] == NATS_MAX_PENDING
     assert natsauth.render_limits() in natsauth.render_config(natsauth.generate_passwords())
