@@ -9,23 +9,17 @@ from collections import OrderedDict
 from nats.aio.msg import Msg
 
 from proto import names as n
-from proto.messages import JobEvent
-from services.announce import announce
+from services.announce import fail_job
 from services.consume import consume
 from services.worker.kernels import KernelThreads
 from services.worker.scenes import SceneCache
 from services.worker.tile import TileRun
 from shared.errors import TesseraError
-from shared.lifecycle import IllegalTransition, JobTrigger, is_terminal
+from shared.lifecycle import JobTrigger, is_terminal
 from shared.metadata import Job
 from shared.runtime import Runtime
 
 __all__ = ["Worker"]
-
-_EVENT_FOR = {
-    JobTrigger.TERMINAL_FAILURE: n.EventKind.JOB_FAILED,
-    JobTrigger.DEAD_LETTER: n.EventKind.JOB_DEAD_LETTERED,
-}
 
 
 class Worker:
@@ -94,12 +88,4 @@ class Worker:
 
     async def fail_job(self, job_id: str, trigger: JobTrigger, exc: TesseraError) -> None:
         """Move the job to a failed state (if still legal) and tell watchers."""
-        try:
-            job = await self.rt.db.transition_job(
-                job_id, trigger, node=self.rt.node, error_code=exc.code, error=str(exc)
-            )
-        except IllegalTransition:
-            return
-        self.log.warning("job failed", job_id=job_id, to=job.state.value, code=exc.code)
-        kind = _EVENT_FOR[trigger]
-        await announce(self.rt, JobEvent(job_id, kind, job.generation, str(exc)[:4000]))
+        await fail_job(self.rt, job_id, trigger, code=exc.code, error=str(exc), log=self.log)

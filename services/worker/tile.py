@@ -29,6 +29,7 @@ import kernel
 from proto import names as n
 from proto.messages import TileDone, TileMessage
 from services.deadletter import dead_letter
+from services.settle import Delivery
 from services.worker.checkpoints import Checkpoints, Progress
 from services.worker.heartbeat import Heartbeat
 from services.worker.scenes import KernelFailure
@@ -120,7 +121,11 @@ class TileRun:
             await self.msg.nak(delay=float(self.rt.settings.tuning.lease_ttl))
             return
         beat = Heartbeat(
-            self.rt.leases, lease, self.msg, self.rt.settings.tuning.heartbeat_interval, self.log
+            self.rt.leases,
+            lease,
+            Delivery.of(self.rt, self.msg),
+            self.rt.settings.tuning.heartbeat_interval,
+            self.log,
         ).start()
         try:
             await self._leased(job, tile, beat)
