@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import time
 import uuid
+from dataclasses import replace
 
 from nats.aio.msg import Msg
 
@@ -21,19 +22,17 @@ import kernel.image  # numpy and Pillow load at start-up, not in the first final
 from kernel.rect import Rect
 from proto import names as n
 from proto.messages import JobEvent, TileDone
-from services.announce import announce
-from services.deadletter import dead_letter
+from services.announce import announce, fail_job
 from services.finalizer.cache import ReadAhead, Result
+from services.settle import ACK, DeadLetter, Delivery, Outcome, Retry, outcome_of, settle
 from services.worker.heartbeat import Heartbeat
 from shared import crash
 from shared.errors import DecodeError, NotFoundError, RetryableError, TerminalError
-from shared.jetstream import ack_sync_retry
 from shared.leases import LeaseOwner
 from shared.lifecycle import IllegalTransition, JobState, JobTrigger
 from shared.logs import Log
 from shared.metadata import Job, Tile
 from shared.objectstore import CorruptObject, render_key, sha256_hex
-from shared.retry import backoff
 from shared.runtime import Runtime
 from shared.tiles import Accumulator, assemble, fits, from_npy, load_npy
 
@@ -75,34 +74,45 @@ class Finalizer:
 
     async def handle(self, msg: Msg) -> None:
         """One tile-done event: finalize its job if every tile is done; ack last."""
+        delivery = Delivery.of(self.rt, msg)
+        await settle(delivery, await self.outcome(delivery))
+
+    async def outcome(self, delivery: Delivery) -> Outcome:
+        """Handle the delivered tile-done event; what to do with it."""
         try:
-            done = TileDone.decode(msg.data)
+            done = TileDone.decode(delivery.data)
         except DecodeError as exc:
-            await dead_letter(self.rt, msg, job_id=None, unit=n.DLQ_UNIT_FINAL, error=exc)
-            await msg.term()
-            return
+            return DeadLetter(None, n.DLQ_UNIT_FINAL, exc)
         await self.read_ahead_result(done)
         try:
-            settled = await self.finalize(done.job_id, msg)
-        except IllegalTransition as exc:  # cancelled or failed meanwhile: nothing to publish
-            self.log.info("job no longer finalizable", job_id=done.job_id, error=str(exc))
-            settled = True
-        except RetryableError as exc:
-            self.rt.metrics.finalization_failures.labels(kind="retryable").inc()
+            finished = await self.finalize(done.job_id, delivery)
+        except (RetryableError, TerminalError) as exc:
+            return self._failed(done.job_id, exc, delivery)
+        # Not finished: another finalizer is at it; look again after its lease TTL.
+        return ACK if finished else Retry(float(self.rt.settings.leases.ttl))
+
+    def _failed(
+        self, job_id: str, exc: RetryableError | TerminalError, delivery: Delivery
+    ) -> Outcome:
+        outcome = outcome_of(exc, retry=self.rt.retry, deliveries=delivery.deliveries,
+                             job_id=job_id, unit=n.DLQ_UNIT_FINAL)  # fmt: skip
+        failures = self.rt.metrics.finalization_failures
+        if isinstance(exc, IllegalTransition):  # cancelled or failed meanwhile: nothing to do
+            self.log.info("job no longer finalizable", job_id=job_id, error=str(exc))
+        elif isinstance(outcome, Retry):
+            failures.labels(kind="retryable").inc()
             self.rt.metrics.retries.labels(code=exc.code).inc()
-            delay = backoff(self.rt.retry, msg.metadata.num_delivered)
-            self.log.warning("finalization failed; will retry", job_id=done.job_id, error=str(exc))
-            await msg.nak(delay=delay)
-            return
-        except TerminalError as exc:
-            self.rt.metrics.finalization_failures.labels(kind="terminal").inc()
-            self.log.error("finalization failed for good", job_id=done.job_id, error=str(exc))
-            await dead_letter(self.rt, msg, job_id=done.job_id, unit=n.DLQ_UNIT_FINAL, error=exc)
-            await self._fail(done.job_id, exc)
-            await msg.term()
-            return
-        if settled:
-            await ack_sync_retry(msg)
+            self.log.warning("finalization failed; will retry", job_id=job_id, error=str(exc))
+        elif isinstance(outcome, DeadLetter):
+            failures.labels(kind="terminal").inc()
+            self.log.error("finalization failed for good", job_id=job_id, error=str(exc))
+
+            async def record() -> None:
+                await fail_job(self.rt, job_id, JobTrigger.TERMINAL_FAILURE, code=exc.code,
+                               error=str(exc), log=self.log)  # fmt: skip
+
+            outcome = replace(outcome, record=record)
+        return outcome
 
     async def read_ahead_result(self, done: TileDone) -> None:
         """Read the event's result object now, while other tiles still render (best effort).
@@ -130,8 +140,9 @@ class Finalizer:
         self.rt.metrics.read_ahead_bytes.set(self.read_ahead.bytes)
         return held
 
-    async def finalize(self, job_id: str, msg: Msg | None) -> bool:
-        """Finalize ``job_id`` if it is ready; False when the message must be retried later."""
+    async def finalize(self, job_id: str, delivery: Delivery | None) -> bool:
+        """Finalize ``job_id`` if it is ready; False when another finalizer holds its lease
+        (the message must be retried later). ``delivery`` is kept alive while it works."""
         db = self.rt.db
         # The cheap question first: most tile-done events arrive while other tiles still run,
         # and the job row carries the whole scene document.
@@ -145,12 +156,10 @@ class Finalizer:
         owner = LeaseOwner(node=self.rt.node, attempt_id=attempt_id)
         lease = await self.rt.leases.acquire(n.lease_key_final(job_id), owner)
         if lease is None:
-            if msg is not None:  # another finalizer is at it; look again after its lease TTL
-                await msg.nak(delay=float(self.rt.settings.leases.ttl))
             return False
         tuning = self.rt.settings.leases
         log = self.log.bind(job_id=job_id, attempt_id=attempt_id)
-        beat = Heartbeat(self.rt.leases, lease, msg, tuning.heartbeat_interval, log).start()
+        beat = Heartbeat(self.rt.leases, lease, delivery, tuning.heartbeat_interval, log).start()
         started = time.monotonic()
         try:
             await db.start_final_attempt(job_id, attempt_id=attempt_id, node=self.rt.node,
@@ -293,14 +302,6 @@ class Finalizer:
         )
         self.rt.metrics.finalization_failures.labels(kind="result_lost").inc()
         log.warning("tile results lost; rendering those tiles again", tiles=moved, error=error)
-
-    async def _fail(self, job_id: str, exc: TerminalError) -> None:
-        job = await self.rt.db.transition_job(
-            job_id, JobTrigger.TERMINAL_FAILURE, node=self.rt.node, error_code=exc.code,
-            error=str(exc),
-        )  # fmt: skip
-        await announce(self.rt, JobEvent(job_id, n.EventKind.JOB_FAILED, job.generation,
-                                           str(exc)[:4000]))  # fmt: skip
 
 
 def _sha(data: bytes) -> str:

@@ -14,14 +14,13 @@ from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError as StreamMsgNotFound
 
 from proto import names as n
-from proto.messages import JobEvent, JobMessage, TileDone, TileMessage
-from services.announce import announce
+from proto.messages import JobMessage, TileDone, TileMessage
+from services.announce import fail_job
 from services.deadletter import dead_letter_raw
+from services.settle import ACK, Delivery, Outcome, outcome_of, settle
 from shared.errors import DecodeError, RetryableError
-from shared.jetstream import ack_sync_retry
-from shared.lifecycle import IllegalTransition, JobTrigger, TileTrigger, is_terminal
+from shared.lifecycle import JobTrigger, TileTrigger, is_terminal
 from shared.metadata import AttemptOutcome
-from shared.retry import backoff
 from shared.runtime import Runtime
 
 __all__ = ["Exhausted"]
@@ -42,21 +41,25 @@ class Exhausted:
 
     async def handle(self, msg: Msg) -> None:
         """Dead-letter the message an advisory names; ack last."""
+        delivery = Delivery.of(self.rt, msg)
+        await settle(delivery, await self.outcome(delivery))
+
+    async def outcome(self, delivery: Delivery) -> Outcome:
+        """Handle the delivered advisory; what to do with it."""
         try:
-            advisory = orjson.loads(msg.data)
+            advisory = orjson.loads(delivery.data)
             stream, seq = str(advisory["stream"]), int(advisory["stream_seq"])
             deliveries = int(advisory.get("deliveries", 0))
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-            self.log.error("unreadable advisory dropped", data=msg.data[:200])
-            await ack_sync_retry(msg)
-            return
+            self.log.error("unreadable advisory dropped", data=delivery.data[:200])
+            return ACK
         try:
             await self.exhausted(stream, seq, deliveries)
         except RetryableError as exc:
-            await msg.nak(delay=backoff(self.rt.retry, msg.metadata.num_delivered))
             self.log.warning("dead-lettering failed; will retry", error=str(exc))
-            return
-        await ack_sync_retry(msg)
+            return outcome_of(exc, retry=self.rt.retry, deliveries=delivery.deliveries,
+                              job_id=None, unit=n.DLQ_UNIT_JOB)  # fmt: skip
+        return ACK
 
     async def exhausted(self, stream: str, seq: int, deliveries: int) -> None:
         """Copy message ``seq`` of ``stream`` to the DLQ and fail what it stood for."""
@@ -120,11 +123,5 @@ class Exhausted:
         job = await db.get_job(job_id)
         if job is None or is_terminal(job.state):
             return
-        try:
-            job = await db.transition_job(
-                job_id, JobTrigger.DEAD_LETTER, node=node, error_code=REASON, error=error
-            )
-        except IllegalTransition:
-            return
-        kind = n.EventKind.JOB_DEAD_LETTERED
-        await announce(self.rt, JobEvent(job_id, kind, job.generation, error[:4000]))
+        await fail_job(self.rt, job_id, JobTrigger.DEAD_LETTER, code=REASON, error=error,
+                       log=self.log)  # fmt: skip

@@ -14,13 +14,12 @@ from nats.aio.msg import Msg
 
 from proto import names as n
 from proto.messages import JobMessage, TileDone, TileMessage
-from services.deadletter import dead_letter
+from services.settle import ACK, Delivery, Outcome, Retry, outcome_of, settle
 from shared import crash
 from shared.errors import RetryableError, TerminalError
-from shared.jetstream import ack_sync_retry, publish
+from shared.jetstream import publish
 from shared.lifecycle import IllegalTransition, TileState, is_terminal
 from shared.metadata import Tile
-from shared.retry import backoff
 from shared.runtime import Runtime
 from shared.tiles import plan_rects
 
@@ -39,21 +38,23 @@ class Planner:
 
     async def handle(self, msg: Msg) -> None:
         """Plan one job, publish its tiles, ack last."""
+        delivery = Delivery.of(self.rt, msg)
+        await settle(delivery, await self.outcome(delivery))
+
+    async def outcome(self, delivery: Delivery) -> Outcome:
+        """Plan the delivered job; what to do with its message."""
         try:
-            job_msg = JobMessage.decode(msg.data)
-            await self.plan(job_msg)
-        except IllegalTransition as exc:  # the job moved on (cancelled, failed) meanwhile
-            self.log.info("job no longer plannable", error=str(exc))
-        except TerminalError as exc:
-            await dead_letter(self.rt, msg, job_id=None, unit=n.DLQ_UNIT_JOB, error=exc)
-            await msg.term()
-            return
-        except RetryableError as exc:
-            delay = backoff(self.rt.retry, msg.metadata.num_delivered)
-            self.log.warning("planning failed; will retry", error=str(exc), delay=delay)
-            await msg.nak(delay=delay)
-            return
-        await ack_sync_retry(msg)
+            await self.plan(JobMessage.decode(delivery.data))
+        except (RetryableError, TerminalError) as exc:
+            outcome = outcome_of(exc, retry=self.rt.retry, deliveries=delivery.deliveries,
+                                 job_id=None, unit=n.DLQ_UNIT_JOB)  # fmt: skip
+            if isinstance(exc, IllegalTransition):  # the job moved on (cancelled, failed)
+                self.log.info("job no longer plannable", error=str(exc))
+            elif isinstance(outcome, Retry):
+                self.log.warning("planning failed; will retry", error=str(exc),
+                                 delay=outcome.delay)  # fmt: skip
+            return outcome
+        return ACK
 
     async def plan(self, job_msg: JobMessage) -> None:
         """Write the tile rows of a job and publish one TILES message per unfinished tile."""

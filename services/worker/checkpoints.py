@@ -11,106 +11,100 @@ leaves the pointer naming exactly the bytes of the samples it records.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from kernel.rect import Rect
 from proto import names as n
+from services.worker.context import TileContext
 from shared import crash
 from shared.errors import DecodeError, NotFoundError, RetryableError, TerminalError
 from shared.leases import ProgressPointer
 from shared.logs import Log
 from shared.metadata import Job, Tile
 from shared.objectstore import CorruptObject, checkpoint_key
-from shared.runtime import Runtime
 from shared.tiles import Accumulator, from_npy, to_npy, zeros_for
 
-__all__ = ["Checkpoints", "Progress"]
-
-
-@dataclass
-class Progress:
-    """How far one attempt has got, and what its latest checkpoint is."""
-
-    samples: int = 0
-    pointer_revision: int | None = None
-    checkpoint: str | None = None
-    resumed_from: int = 0
+__all__ = ["Checkpoints"]
 
 
 class Checkpoints:
-    """Checkpoints of one tile by one attempt."""
+    """Checkpoints of one tile by one attempt.
 
-    def __init__(self, rt: Runtime, job: Job, tile: Tile, attempt_id: str, log: Log) -> None:
-        self.rt, self.job, self.tile, self.attempt_id, self.log = rt, job, tile, attempt_id, log
+    It alone keeps where they are (the pointer's revision, the latest checkpoint's key); the
+    tile run passes the samples it has reached and reads :attr:`resumed_from`.
+    """
+
+    def __init__(self, ctx: TileContext, job: Job, tile: Tile, attempt_id: str, log: Log) -> None:
+        self.ctx, self.job, self.tile, self.attempt_id, self.log = ctx, job, tile, attempt_id, log
         self.rect: Rect = tile.rect
         self.pointer_key = n.progress_key(job.job_id, tile.tile_index)
+        #: samples per pixel the attempt resumes from (0: from the start)
+        self.resumed_from = 0
+        self._revision: int | None = None  # the pointer's, the CAS base of our next write
+        self._checkpoint: str | None = None  # the latest checkpoint's key
 
-    async def resume_point(self) -> Progress:
-        """What the progress pointer offers (nothing for a tile never leased before)."""
+    async def resume(self) -> Accumulator:
+        """The accumulator to continue from: the pointer's checkpoint, or zeros.
+
+        A tile never leased has no checkpoint; a pointer of other inputs, or one naming an
+        object that does not load with the tile's shape, is a start from zero.
+        """
+        await self._read_pointer()
+        if self._checkpoint is None:
+            return zeros_for(self.rect)
+        try:
+            return from_npy(await self.ctx.store.get(self._checkpoint), self.rect)
+        except (NotFoundError, DecodeError, CorruptObject) as exc:
+            self.log.warning("checkpoint unusable; starting over", error=str(exc))
+            self.resumed_from, self._checkpoint = 0, None
+            return zeros_for(self.rect)
+
+    async def _read_pointer(self) -> None:
         if self.tile.attempt_count == 0:
-            return Progress()  # never leased: no checkpoint can exist
-        found = await self.rt.progress.get(self.pointer_key)
+            return  # never leased: no checkpoint can exist
+        found = await self.ctx.progress.get(self.pointer_key)
         if found is None:
-            return Progress()
-        pointer, rev = found
+            return
+        pointer, self._revision = found
         if (
             pointer.input_hash != self.job.input_hash
             or not 0 < pointer.samples_done <= self.job.spp
         ):
             self.log.info("discarding a checkpoint of other inputs", samples=pointer.samples_done)
-            return Progress(pointer_revision=rev)
-        return Progress(pointer.samples_done, rev, pointer.checkpoint_key, pointer.samples_done)
+            return
+        self.resumed_from, self._checkpoint = pointer.samples_done, pointer.checkpoint_key
 
-    async def load(self, progress: Progress) -> Accumulator:
-        """The accumulator to continue from: the checkpoint's, or zeros if it is unusable."""
-        if progress.checkpoint is None:
-            return zeros_for(self.rect)
-        try:
-            acc = from_npy(await self.rt.store.get(progress.checkpoint), self.rect)
-        except (NotFoundError, DecodeError, CorruptObject) as exc:
-            self.log.warning("checkpoint unusable; starting over", error=str(exc))
-            progress.samples = progress.resumed_from = 0
-            progress.checkpoint = None
-            return zeros_for(self.rect)
-        return acc
-
-    async def write(self, acc: Accumulator, progress: Progress, token: int) -> bool:
+    async def write(self, acc: Accumulator, samples: int, token: int) -> bool:
         """Object, then pointer, then the fenced row; False if the fence was lost."""
-        job, tile = self.job, self.tile
-        key = checkpoint_key(job.job_id, tile.tile_index, self.attempt_id, progress.samples)
-        await self.rt.store.put(key, to_npy(acc))
+        job, tile, ctx = self.job, self.tile, self.ctx
+        key = checkpoint_key(job.job_id, tile.tile_index, self.attempt_id, samples)
+        await ctx.store.put(key, to_npy(acc))
         crash.crash_point("worker.before_pointer")
-        pointer = ProgressPointer(job.input_hash, progress.samples, key, self.attempt_id)
+        pointer = ProgressPointer(job.input_hash, samples, key, self.attempt_id)
         try:
-            progress.pointer_revision = await self.rt.progress.put(
-                self.pointer_key, pointer, last=progress.pointer_revision
-            )
+            self._revision = await ctx.progress.put(self.pointer_key, pointer, last=self._revision)
         except TerminalError:
             # Someone else wrote the pointer (a stale owner's last checkpoint): it is a valid
             # checkpoint of the same inputs, so write ours on top of what is there now.
-            current = await self.rt.progress.get(self.pointer_key)
+            current = await ctx.progress.get(self.pointer_key)
             last = None if current is None else current[1]
-            progress.pointer_revision = await self.rt.progress.put(
-                self.pointer_key, pointer, last=last
-            )
-        previous, progress.checkpoint = progress.checkpoint, key
+            self._revision = await ctx.progress.put(self.pointer_key, pointer, last=last)
+        previous, self._checkpoint = self._checkpoint, key
         if previous is not None:  # only now that the pointer names the new one
-            await self.rt.store.delete(previous)
-        if not await self.rt.db.record_progress(
-            job.job_id, tile.tile_index, token=token, samples_done=progress.samples
+            await ctx.store.delete(previous)
+        if not await ctx.db.record_progress(
+            job.job_id, tile.tile_index, token=token, samples_done=samples
         ):
             return False
-        self.rt.metrics.checkpoints.inc()
-        self.log.info("checkpoint written", samples=progress.samples, key=key)
+        ctx.metrics.checkpoints.inc()
+        self.log.info("checkpoint written", samples=samples, key=key)
         crash.crash_point("worker.after_checkpoint")
         return True
 
-    async def cleanup(self, progress: Progress) -> None:
+    async def cleanup(self) -> None:
         """Checkpoints of a committed tile are garbage; failing to delete them is harmless."""
         try:
-            if progress.pointer_revision is not None or progress.checkpoint is not None:
-                await self.rt.progress.delete(self.pointer_key)
-            if progress.checkpoint is not None:
-                await self.rt.store.delete(progress.checkpoint)
+            if self._revision is not None or self._checkpoint is not None:
+                await self.ctx.progress.delete(self.pointer_key)
+            if self._checkpoint is not None:
+                await self.ctx.store.delete(self._checkpoint)
         except RetryableError as exc:
             self.log.warning("checkpoint clean-up failed (tessera gc removes it)", error=str(exc))

@@ -10,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from nats.aio.msg import Msg
-
+from services.settle import Delivery
 from shared import crash
 from shared.errors import LeaseLost, RetryableError
 from shared.leases import Lease, Leases
@@ -24,11 +23,11 @@ class Heartbeat:
     """Keeps one lease (and its message) alive until stopped or lost."""
 
     def __init__(
-        self, leases: Leases, lease: Lease, msg: Msg | None, interval: float, log: Log
+        self, leases: Leases, lease: Lease, delivery: Delivery | None, interval: float, log: Log
     ) -> None:
         self.leases = leases
         self.lease = lease
-        self.msg = msg
+        self.delivery = delivery
         self.interval = interval
         self.log = log
         self.lost = asyncio.Event()
@@ -70,8 +69,8 @@ class Heartbeat:
                 self.renewals += 1
                 self.last_renewed = time.monotonic()
                 self.log.debug("lease renewed", key=renewed.key, revision=renewed.revision)
-                if self.msg is not None:
-                    await self.msg.in_progress()
+                if self.delivery is not None:
+                    await self.delivery.in_progress()
             except LeaseLost as exc:
                 self.log.warning("lease lost", key=self.lease.key, error=str(exc))
                 self.lost.set()

@@ -8,23 +8,16 @@ from collections import OrderedDict
 from nats.aio.msg import Msg
 
 from proto import names as n
-from proto.messages import JobEvent
-from services.announce import announce
 from services.consume import consume
+from services.settle import Delivery
+from services.worker.context import JobCache, NatsTileEvents, StopView, TileContext
 from services.worker.kernels import KernelThreads
 from services.worker.scenes import SceneCache
 from services.worker.tile import TileRun
-from shared.errors import TesseraError
-from shared.lifecycle import IllegalTransition, JobTrigger, is_terminal
 from shared.metadata import Job
 from shared.runtime import Runtime
 
 __all__ = ["Worker"]
-
-_EVENT_FOR = {
-    JobTrigger.TERMINAL_FAILURE: n.EventKind.JOB_FAILED,
-    JobTrigger.DEAD_LETTER: n.EventKind.JOB_DEAD_LETTERED,
-}
 
 
 class Worker:
@@ -44,12 +37,28 @@ class Worker:
         # share the threads.
         self.in_hand = config.tiles_in_hand()
         self.scenes = SceneCache(config.scene_cache, config.scene_cache_bytes)
-        self._job_cache = config.job_cache
         self._cancel_memory = config.cancel_memory
         self.handing_back = asyncio.Event()
         #: jobs announced cancelled (job-cancelled events); bounded, oldest forgotten first
         self.cancelled: OrderedDict[str, None] = OrderedDict()
-        self._jobs: OrderedDict[str, Job] = OrderedDict()
+        self.jobs = JobCache(rt.db, config.job_cache)
+        self.context = TileContext(
+            db=rt.db,
+            leases=rt.leases,
+            progress=rt.progress,
+            store=rt.store,
+            events=NatsTileEvents(rt, self.log),
+            jobs=self.jobs,
+            scenes=self.scenes,
+            kernels=self.kernels,
+            stop=StopView(self.handing_back, self.cancelled),
+            metrics=rt.metrics,
+            lease_config=rt.settings.leases,
+            worker_config=config,
+            retry=rt.retry,
+            node=rt.node,
+            log=self.log,
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         """Work until ``stop``; then hand in-flight tiles back within the grace period."""
@@ -81,30 +90,8 @@ class Worker:
 
     async def handle(self, msg: Msg) -> None:
         """One delivery."""
-        await TileRun(self, msg).run()
+        await TileRun(self.context, Delivery.of(self.rt, msg)).run()
 
     async def job(self, job_id: str) -> Job | None:
-        """The job row, cached: what tiles need of it (scene, settings, input hash) never
-        changes. Its state may be stale; the fence checks the live state."""
-        job = self._jobs.get(job_id)
-        if job is None or is_terminal(job.state) or job.cancel_requested:
-            job = await self.rt.db.get_job(job_id)
-            if job is None:
-                return None
-        self._jobs[job_id] = job
-        self._jobs.move_to_end(job_id)
-        while len(self._jobs) > self._job_cache:
-            self._jobs.popitem(last=False)
-        return job
-
-    async def fail_job(self, job_id: str, trigger: JobTrigger, exc: TesseraError) -> None:
-        """Move the job to a failed state (if still legal) and tell watchers."""
-        try:
-            job = await self.rt.db.transition_job(
-                job_id, trigger, node=self.rt.node, error_code=exc.code, error=str(exc)
-            )
-        except IllegalTransition:
-            return
-        self.log.warning("job failed", job_id=job_id, to=job.state.value, code=exc.code)
-        kind = _EVENT_FOR[trigger]
-        await announce(self.rt, JobEvent(job_id, kind, job.generation, str(exc)[:4000]))
+        """The job row, from the worker's cache (:class:`~services.worker.context.JobCache`)."""
+        return await self.jobs.get(job_id)

@@ -1,0 +1,140 @@
+"""What a tile run is handed by its worker, so that it never reaches back into the worker.
+
+:class:`TileContext` names everything one delivery may use: the stores, the job cache, the
+scene cache and kernel threads, a read-only view of the worker's stop requests
+(:class:`StopView`) and the events it publishes (:class:`TileEvents`). The worker builds one
+context and passes it to every :class:`~services.worker.tile.TileRun`; a test builds its own
+from in-memory doubles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import Container
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+from proto import names as n
+from proto.messages import TileDone
+from services.announce import fail_job
+from services.worker.kernels import KernelThreads
+from services.worker.scenes import SceneCache
+from shared.config import LeaseSettings, WorkerSettings
+from shared.errors import TerminalError
+from shared.jetstream import publish
+from shared.leases import Leases, ProgressPointers
+from shared.lifecycle import JobTrigger, is_terminal
+from shared.logs import Log
+from shared.metadata import Job, MetadataStore
+from shared.metrics import Metrics
+from shared.objectstore import ObjectStore
+from shared.retry import RetryPolicy
+from shared.runtime import Runtime
+
+__all__ = ["JobCache", "NatsTileEvents", "StopReason", "StopView", "TileContext", "TileEvents"]
+
+
+class StopReason(StrEnum):
+    """Why a tile run left its render loop without committing (its attempt's outcome)."""
+
+    CANCELLED = "cancelled"  # the job was cancelled: tile cancelled, ack
+    HANDED_BACK = "handed_back"  # the worker drains: checkpoint, release, nak at once
+    LEASE_LOST = "lease_lost"  # the heartbeat lost the lease: settle nothing
+    FENCED = "fenced"  # a fenced write was refused (a newer owner): settle nothing
+
+
+@dataclass(frozen=True)
+class StopView:
+    """The worker's stop requests, as a tile run may read them between passes."""
+
+    handing_back: asyncio.Event
+    #: ids of jobs announced cancelled
+    cancelled: Container[str]
+
+    def reason(self, job_id: str) -> StopReason | None:
+        """Why a tile of ``job_id`` should stop now, or ``None``."""
+        if self.handing_back.is_set():
+            return StopReason.HANDED_BACK
+        if job_id in self.cancelled:
+            return StopReason.CANCELLED
+        return None
+
+
+class JobCache:
+    """Job rows, cached: what tiles need of them (scene, settings, input hash) never changes.
+
+    A cached row's state may be stale; the fence checks the live state. A terminal or
+    cancel-requested row is read again. At most ``size`` rows, least recently used dropped.
+    """
+
+    def __init__(self, db: MetadataStore, size: int) -> None:
+        self.db, self.size = db, size
+        self._jobs: OrderedDict[str, Job] = OrderedDict()
+
+    async def get(self, job_id: str) -> Job | None:
+        """The job row, or ``None`` for an unknown job."""
+        job = self._jobs.get(job_id)
+        if job is None or is_terminal(job.state) or job.cancel_requested:
+            job = await self.db.get_job(job_id)
+            if job is None:
+                return None
+        self._jobs[job_id] = job
+        self._jobs.move_to_end(job_id)
+        while len(self._jobs) > self.size:
+            self._jobs.popitem(last=False)
+        return job
+
+
+class TileEvents(Protocol):
+    """What a tile run tells the rest of Tessera."""
+
+    async def tile_done(self, done: TileDone, fence: int) -> None:
+        """Announce a committed tile (``fence``: the committing owner's token, in the id)."""
+
+    async def job_failed(self, job_id: str, error: TerminalError) -> None:
+        """Fail the tile's job for good (if still legal) and tell watchers."""
+
+
+class NatsTileEvents:
+    """:class:`TileEvents` on the deployment's EVENTS stream."""
+
+    def __init__(self, rt: Runtime, log: Log) -> None:
+        self.rt, self.log = rt, log
+
+    async def tile_done(self, done: TileDone, fence: int) -> None:
+        """Publish ``done`` under ``done:<job>:<i>:<fence>`` (a repeat is absorbed)."""
+        ack = await publish(
+            self.rt.js,
+            self.rt.names.event_subject(done.job_id, n.EventKind.TILE_DONE),
+            done,
+            msg_id=n.done_msg_id(done.job_id, done.tile_index, fence),
+        )
+        self.rt.metrics.published(ack)
+
+    async def job_failed(self, job_id: str, error: TerminalError) -> None:
+        """:func:`~services.announce.fail_job` by ``terminal_failure``."""
+        trigger = JobTrigger.TERMINAL_FAILURE
+        await fail_job(self.rt, job_id, trigger, code=error.code, error=str(error), log=self.log)
+
+
+@dataclass(frozen=True)
+class TileContext:
+    """Everything a tile run uses; built once per worker."""
+
+    db: MetadataStore
+    leases: Leases
+    progress: ProgressPointers
+    store: ObjectStore
+    events: TileEvents
+    jobs: JobCache
+    scenes: SceneCache
+    kernels: KernelThreads
+    stop: StopView
+    metrics: Metrics
+    lease_config: LeaseSettings
+    worker_config: WorkerSettings
+    retry: RetryPolicy
+    node: str
+    log: Log

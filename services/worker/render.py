@@ -1,0 +1,119 @@
+"""The render loop of one tile attempt: sample passes off the event loop, checks between them.
+
+Between passes: lease still held? the worker draining? the job cancelled? Every
+``checkpoint_interval``, the cancel flag is asked of the store and a checkpoint written. The loop
+ends :class:`Finished` or :class:`Stopped` with a :class:`~services.worker.context.StopReason`;
+the tile run commits or settles what that means.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import kernel
+from kernel.rect import Rect
+from services.worker.checkpoints import Checkpoints
+from services.worker.context import StopReason, TileContext
+from services.worker.heartbeat import Heartbeat
+from services.worker.scenes import KernelFailure
+from shared.config import WorkerSettings
+from shared.errors import RetryableError
+from shared.logs import Log
+from shared.metadata import Job, Tile
+from shared.tiles import Accumulator
+
+__all__ = ["Finished", "Render", "Stalled", "Stopped", "pass_size"]
+
+
+class Stalled(RetryableError):
+    """A sample pass made no progress within ``progress_timeout`` (the watchdog fired)."""
+
+    code = "stalled"
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The render reached the job's samples per pixel."""
+
+    samples: int
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """The render (or the commit) stopped short at ``samples``, for ``reason``."""
+
+    reason: StopReason
+    samples: int
+
+
+class Render:
+    """Renders one fenced tile for one attempt."""
+
+    def __init__(self, ctx: TileContext, job: Job, tile: Tile, beat: Heartbeat, log: Log) -> None:
+        self.ctx, self.job, self.tile, self.beat, self.log = ctx, job, tile, beat, log
+
+    async def run(self, acc: Accumulator, cp: Checkpoints) -> Finished | Stopped:
+        """Render from ``cp.resumed_from`` to the job's spp into ``acc``, checkpointing."""
+        job, beat, tuning = self.job, self.beat, self.ctx.worker_config
+        prepared = await self.ctx.scenes.get(job, self.ctx.kernels.executor)
+        rect: Rect = self.tile.rect
+        samples, size = cp.resumed_from, tuning.samples_per_pass
+        last_checkpoint = time.monotonic()
+        while samples < job.spp:
+            if why := self._stop_reason():
+                return Stopped(why, samples)
+            end = min(job.spp, samples + size)
+            started = time.monotonic()
+            await self._pass(prepared, rect, samples, end, acc)
+            size = pass_size(end - samples, time.monotonic() - started, tuning)
+            samples = end
+            due = time.monotonic() - last_checkpoint >= tuning.checkpoint_interval
+            if due and samples < job.spp:
+                # The cancel event may have been missed (a reconnect): ask the source of truth.
+                if await self.ctx.db.is_cancel_requested(job.job_id):
+                    return Stopped(StopReason.CANCELLED, samples)
+                if why := self._stop_reason():
+                    return Stopped(why, samples)
+                if not await cp.write(acc, samples, beat.lease.token):
+                    return Stopped(StopReason.FENCED, samples)
+                last_checkpoint = time.monotonic()
+        return Finished(samples)
+
+    def _stop_reason(self) -> StopReason | None:
+        if self.beat.lost.is_set():
+            return StopReason.LEASE_LOST
+        return self.ctx.stop.reason(self.job.job_id)
+
+    async def _pass(
+        self, prepared: kernel.Prepared, rect: Rect, start: int, end: int, acc: Accumulator
+    ) -> None:
+        try:
+            await asyncio.wait_for(
+                self.ctx.kernels.render(prepared, rect, start, end, acc),
+                self.ctx.worker_config.progress_timeout,
+            )
+        except TimeoutError:
+            raise Stalled(f"samples {start}..{end} made no progress") from None
+        except (ValueError, ArithmeticError, kernel.SceneError) as exc:
+            raise KernelFailure(f"kernel failed on samples {start}..{end}: {exc}") from exc
+        samples = (end - start) * (rect[2] - rect[0]) * (rect[3] - rect[1])
+        self.ctx.metrics.samples_rendered.inc(samples)
+
+
+def pass_size(samples: int, seconds: float, tuning: WorkerSettings) -> int:
+    """Samples per pixel of the next pass, after a pass of ``samples`` took ``seconds``.
+
+    Sized from the measured rate to take about ``pass_seconds``: never below
+    ``samples_per_pass``, and at most 16 times the last pass, so one fast outlier cannot make a
+    pass that outlasts the cancel and checkpoint grain by much. ``seconds`` is wall time on
+    the loop (queueing for a kernel thread included), so the estimate errs towards short passes.
+    """
+    floor = tuning.samples_per_pass
+    if tuning.pass_seconds <= 0 or samples <= 0:
+        return floor
+    if seconds <= 0:
+        return max(floor, 16 * samples)
+    wanted = int(samples * tuning.pass_seconds / seconds)
+    return max(floor, min(wanted, 16 * samples))
