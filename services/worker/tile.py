@@ -38,7 +38,7 @@ from shared.errors import DecodeError, LeaseLost, RetryableError, TerminalError,
 from shared.jetstream import ack_sync_retry, publish
 from shared.leases import Lease, LeaseOwner
 from shared.lifecycle import IllegalTransition, JobTrigger, TileState, TileTrigger, is_terminal
-from shared.metadata import AttemptOutcome, CommitOutcome, Job, Tile
+from shared.metadata import AttemptOutcome, CommitOutcome, Job, Tile, TileCommit
 from shared.objectstore import tile_result_key
 from shared.retry import backoff
 from shared.tiles import Accumulator, Rect, to_npy
@@ -269,7 +269,7 @@ class TileRun:
         crash.crash_point("worker.after_result_write")
         if beat.lost.is_set():
             raise _Stop("lease_lost")  # recorded like a loss between passes
-        outcome = await self.rt.db.commit_tile(
+        done = TileCommit(
             job.job_id,
             tile.tile_index,
             token=beat.lease.token,
@@ -280,6 +280,7 @@ class TileRun:
             samples_done=job.spp,
             node=self.rt.node,
         )
+        outcome = await self.rt.db.commit_tile(done)
         if outcome is not CommitOutcome.COMMITTED:
             await self._refused(job, tile, progress, beat, outcome)
             return

@@ -25,7 +25,9 @@ from shared.metadata.models import (
     NewJob,
     SubmitResult,
     Tile,
+    TileCommit,
     TileCounts,
+    TileFence,
     TileRect,
 )
 from shared.metadata.store import MetadataStore
@@ -43,6 +45,8 @@ __all__ = [
     "NewJob",
     "SubmitResult",
     "Tile",
+    "TileCommit",
     "TileCounts",
+    "TileFence",
     "TileRect",
 ]
