@@ -1,8 +1,9 @@
 """Metadata benchmark (not a test): the owner's fence + commit round trips on PostgreSQL.
 
 Run: ``python -m bench.metadata``. On an embedded PostgreSQL (durable, like ``make bench``'s
-pipeline), one job of ``--tiles`` tiles is planned and every tile is fenced and committed the way
-a worker does it (``get_tile``, ``fence_tile(seen=...)``, ``commit_tile`` of an inline result):
+pipeline; ``--no-fsync`` leaves the disk out), one job of ``--tiles`` tiles is planned and every
+tile is fenced and committed the way a worker does it (``get_tile``, ``fence_tile(seen=...)``,
+``commit_tile`` of an inline result):
 
 (a) one owner after the other: milliseconds per tile (fence + commit) and tiles/s;
 (b) ``--owners`` owners at once on the store's pool: tiles/s;
@@ -113,9 +114,12 @@ def main() -> None:
     parser.add_argument("--tiles", type=int, default=SIDE * SIDE, help="tiles per case")
     parser.add_argument("--owners", type=int, default=4, help="concurrent owners in (b)")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
+    parser.add_argument(
+        "--no-fsync", action="store_true", help="PostgreSQL without fsync: round trips only"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tessera-bench-") as tmp:
-        server = PostgresServer(Path(tmp))
+        server = PostgresServer(Path(tmp), durable=not args.no_fsync)
         server.start()
         try:
             asyncio.run(run(server.dsn, args.tiles, args.owners, args.rounds))
