@@ -74,7 +74,7 @@ async def find_garbage(
     old = [o for o in await store.list(CHECKPOINTS) if now - o.modified >= older_than]
     parsed = [(o, _CHECKPOINT_RE.fullmatch(o.key)) for o in old]
     ours = [(o, m.group(1), int(m.group(2))) for o, m in parsed if m is not None]
-    states = await db.job_tile_states(sorted({job for _, job, _ in ours}))
+    states = await db.ops.job_tile_states(sorted({job for _, job, _ in ours}))
     pointers: dict[tuple[str, int], str | None] = {}
     found: list[Garbage] = []
     for info, job_id, index in ours:

@@ -141,7 +141,7 @@ class Requeuer:
     async def _tile(self, plan: Plan, index: int) -> int:
         db = self.rt.db
         if plan.action == REQUEUE:
-            moved = await db.requeue_tile(plan.job_id, index, node=self.rt.node)
+            moved = await db.ops.requeue_tile(plan.job_id, index, node=self.rt.node)
             tile, job = moved.tile, moved.job
             if moved.job_requeued:
                 await self._announce_retry(job)

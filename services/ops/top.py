@@ -91,20 +91,20 @@ async def snapshot(
 ) -> Snapshot:
     """Read one frame's worth of state."""
     bucket = topology.names.bucket(n.BUCKET_LEASES)
-    flying = await db.in_flight_tiles(limit=tiles)
+    flying = await db.ops.in_flight_tiles(limit=tiles)
     leases = [
         (t, await lease_of(js, bucket, n.lease_key_tile(t.job_id, t.tile_index))) for t in flying
     ]
-    committed = await db.tiles_committed_since(window)
+    committed = await db.ops.tiles_committed_since(window)
     return Snapshot(
         at=time.time(),
         namespace=topology.prefix,
         streams=await read_stats(js, topology),
         in_flight=leases,
-        jobs=await db.job_state_counts(),
+        jobs=await db.ops.job_state_counts(),
         window=window,
         tiles_per_second=committed / window if window > 0 else 0.0,
-        failures=await db.recent_failures(limit=failures),
+        failures=await db.ops.recent_failures(limit=failures),
     )
 
 

@@ -47,7 +47,7 @@ from shared import crash
 from shared.errors import DecodeError, RetryableError, TerminalError, TesseraError
 from shared.leases import Lease, LeaseOwner
 from shared.lifecycle import IllegalTransition, TileState, TileTrigger, is_terminal
-from shared.metadata import AttemptOutcome, CommitOutcome, Job, Tile
+from shared.metadata import AttemptOutcome, CommitOutcome, Job, Tile, TileCommit
 from shared.objectstore import tile_result_key
 from shared.tiles import Accumulator, to_npy
 
@@ -210,7 +210,7 @@ class TileRun:
         crash.crash_point("worker.after_result_write")
         if beat.lost.is_set():
             return Stopped(StopReason.LEASE_LOST, job.spp)  # like a loss between passes
-        outcome = await self.ctx.db.commit_tile(
+        done = TileCommit(
             job.job_id,
             tile.tile_index,
             token=beat.lease.token,
@@ -221,6 +221,7 @@ class TileRun:
             samples_done=job.spp,
             node=self.ctx.node,
         )
+        outcome = await self.ctx.db.commit_tile(done)
         if outcome is not CommitOutcome.COMMITTED:
             return await self._refused(job, tile, cp, beat, outcome)
         crash.crash_point("worker.after_commit")

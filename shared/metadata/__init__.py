@@ -25,7 +25,9 @@ from shared.metadata.models import (
     NewJob,
     SubmitResult,
     Tile,
+    TileCommit,
     TileCounts,
+    TileFence,
 )
 from shared.metadata.store import MetadataStore
 from shared.metadata.translate import MetadataError
@@ -42,5 +44,7 @@ __all__ = [
     "NewJob",
     "SubmitResult",
     "Tile",
+    "TileCommit",
     "TileCounts",
+    "TileFence",
 ]

@@ -13,7 +13,7 @@ from asyncpg import Record
 from asyncpg.pool import PoolConnectionProxy
 
 from shared.errors import ValidationError
-from shared.metadata.models import Attempt, AttemptOutcome, AuditEvent, Tile
+from shared.metadata.models import Attempt, AttemptOutcome, AuditEvent
 
 Conn: TypeAlias = "PoolConnectionProxy[Record]"
 """The connection type every helper takes (a pooled asyncpg connection)."""
@@ -122,70 +122,8 @@ EVENT_COLUMNS = (
     "job_id, tile_index, attempt_id, node, entity, from_state, to_state, trigger, error_code,"
     " error, detail"
 )
-"""The ``job_events`` columns a combined statement fills, in the order of its values."""
-
-
-def _tile_event(tile: Tile, to_state: str, trigger: str, who: Who) -> tuple[object, ...]:
-    """Parameters $1..$10 of a tile's ``job_events`` row in the combined statements below."""
-    return (
-        tile.job_id,
-        tile.tile_index,
-        who.attempt_id,
-        who.node,
-        tile.state.value,
-        to_state,
-        trigger,
-        who.error_code,
-        who.error,
-        who.detail,
-    )
-
-
-async def start_tile_attempt(
-    conn: Conn,
-    tile: Tile,
-    *,
-    to_state: str,
-    trigger: str,
-    fence: int,
-    resumed_from: int,
-    who: Who,
-) -> None:
-    """Insert the tile's ``attempts`` row and its audit row in one statement (the lease's
-    hot path: one round trip instead of two). ``who.attempt_id`` names the attempt."""
-    await conn.execute(
-        f"""
-        WITH started AS (
-            INSERT INTO attempts (attempt_id, job_id, tile_index, kind, node, fence, resumed_from)
-            VALUES ($3, $1, $2, 'tile', $4, $11, $12)
-            ON CONFLICT (attempt_id) DO NOTHING
-        )
-        INSERT INTO job_events ({EVENT_COLUMNS})
-        VALUES ($1, $2, $3, $4, 'tile', $5, $6, $7, $8, $9, $10)
-        """,
-        *_tile_event(tile, to_state, trigger, who),
-        fence,
-        resumed_from,
-    )
-
-
-async def end_tile_attempt(
-    conn: Conn, tile: Tile, *, to_state: str, trigger: str, outcome: AttemptOutcome, who: Who
-) -> None:
-    """Close the attempt (first outcome wins) and append the tile's audit row, in one
-    statement (the commit's hot path)."""
-    await conn.execute(
-        f"""
-        WITH ended AS (
-            UPDATE attempts SET ended_at = now(), outcome = $11
-            WHERE attempt_id = $3 AND ended_at IS NULL
-        )
-        INSERT INTO job_events ({EVENT_COLUMNS})
-        VALUES ($1, $2, $3, $4, 'tile', $5, $6, $7, $8, $9, $10)
-        """,
-        *_tile_event(tile, to_state, trigger, who),
-        outcome.value,
-    )
+"""The ``job_events`` columns a combined statement fills, in the order of its values
+(:mod:`shared.metadata.fastpath`)."""
 
 
 ABANDONED = "lease_expired"

@@ -1,26 +1,22 @@
-"""One-statement versions of the owner's two hot writes: the lease fence and the fenced commit.
+"""The owner's two hot writes, one statement each: the lease fence and the fenced commit.
 
-:mod:`shared.metadata.fencing` is the authority: a read, decisions in Python through
-:mod:`shared.lifecycle`, then compare-and-set writes, in one transaction (BEGIN, read, writes,
-COMMIT: five round trips or more). For the case every tile of a running job goes through, the
-functions here make the *same* writes in one statement of data-modifying CTEs (one round trip,
-atomic on its own): the tile row's compare-and-set, the attempt row and the audit row.
+Each statement writes the tile's side of its move in one round trip, atomic on its own: the
+tile row's compare-and-set, the attempt row and the audit row (and the commit's inline result).
+They are the only code that writes these rows, and there are two owners of the cases:
 
-They only ever take the common case, and decline (``None``) everything else, so the caller runs
-the transaction instead, which decides from fresh rows as it always did:
-
-- the fence: the tile as the caller just read it (state, fence below the token, never leased
-  before: no takeover to explain), its job in a state where TILE_STARTED writes nothing and not
-  cancel-requested. The tile's compare-and-set is on the state that was read, so a tile that
-  moved since matches no row;
-- the commit: the tile leased under this token and in a state COMMIT leaves, its job in a state
-  where TILE_PROGRESS writes nothing.
-
-The target states come from the lifecycle tables (passed as parameters), never from SQL;
-``tests/metadata/test_fastpath.py`` checks row for row that both paths write the same.
+- the statement alone (:func:`fence`, :func:`commit`) owns the case every tile of a running job
+  goes through: a tile never leased before (no takeover to explain) of a job in a state where
+  TILE_STARTED / TILE_PROGRESS write nothing, fenced under the caller's token. Its guards are the
+  lifecycle tables, passed as parameters (never states written in SQL), so anything else matches
+  no row: it declines (``None``) having written nothing, and the caller runs the transaction;
+- the transaction (:mod:`shared.metadata.fencing`) owns every other case: it reads fresh rows,
+  refuses, moves the job, names the attempts a takeover supersedes, and then runs the same
+  statement (:func:`write_lease`, :func:`write_commit`) guarded by exactly what it read.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from shared.lifecycle import (
     IllegalTransition,
@@ -29,49 +25,50 @@ from shared.lifecycle import (
     TileState,
     TileTrigger,
     is_terminal,
+    tile_legal_events,
     transition_job,
     transition_tile,
 )
-from shared.metadata.audit import EVENT_COLUMNS, Conn, Who
-from shared.metadata.models import Tile
+from shared.metadata.audit import EVENT_COLUMNS, Conn
+from shared.metadata.models import Tile, TileCommit, TileFence
 
 
-def quiet_job_states(trigger: JobTrigger) -> list[str]:
-    """Live job states that ``trigger`` leaves unchanged (the transaction writes no job row)."""
+def quiet_job_states(trigger: JobTrigger) -> list[JobState]:
+    """Live job states that ``trigger`` leaves unchanged (no job row to write)."""
     quiet = []
     for state in JobState:
         try:
             if not is_terminal(state) and transition_job(state, trigger) == state:
-                quiet.append(state.value)
+                quiet.append(state)
         except IllegalTransition:
             continue
     return quiet
 
 
-def _moves(trigger: TileTrigger) -> tuple[list[str], list[str]]:
-    """Tile states ``trigger`` is legal in, and their targets (parallel lists)."""
-    froms, tos = [], []
+def _moves(trigger: TileTrigger) -> list[tuple[TileState, TileState]]:
+    """``(from, to)`` of every tile state ``trigger`` is legal in."""
+    moves = []
     for state in TileState:
         try:
-            target = transition_tile(state, trigger)
+            moves.append((state, transition_tile(state, trigger)))
         except IllegalTransition:
             continue
-        froms.append(state.value)
-        tos.append(target.value)
-    return froms, tos
+    return moves
 
 
 _STARTED_QUIET = quiet_job_states(JobTrigger.TILE_STARTED)
 _PROGRESS_QUIET = quiet_job_states(JobTrigger.TILE_PROGRESS)
-_COMMIT_FROM, _COMMIT_TO = _moves(TileTrigger.COMMIT)
+_COMMIT_MOVES = _moves(TileTrigger.COMMIT)
 
-_FENCE = f"""
+_LEASE = f"""
 WITH moved AS (
     UPDATE tiles t SET lease_fence = $3, state = $6, samples_done = $7,
-        attempt_count = t.attempt_count + 1, updated_at = now()
+        attempt_count = t.attempt_count + 1, updated_at = now(),
+        last_error_code = COALESCE($12::text, t.last_error_code),
+        last_error = COALESCE($13::text, t.last_error)
     FROM jobs j
     WHERE t.job_id = $1 AND t.tile_index = $2 AND t.state = $5 AND t.lease_fence < $3
-      AND t.attempt_count = 0
+      AND t.attempt_count = $14
       AND j.job_id = t.job_id AND j.state = ANY($8::text[]) AND NOT j.cancel_requested
     RETURNING t.tile_index
 ), started AS (
@@ -80,7 +77,7 @@ WITH moved AS (
     ON CONFLICT (attempt_id) DO NOTHING
 ), audited AS (
     INSERT INTO job_events ({EVENT_COLUMNS})
-    SELECT $1, $2, $4, $9, 'tile', $5, $6, $10, NULL, NULL, $11 FROM moved
+    SELECT $1, $2, $4, $9, 'tile', $5, $6, $10, $12, $13, $11 FROM moved
 )
 SELECT count(*) FROM moved
 """
@@ -113,68 +110,85 @@ SELECT count(*) FROM moved
 """
 
 
-async def fence(
-    conn: Conn,
-    seen: Tile,
-    *,
-    token: int,
-    who: Who,
-    resumed_from: int,
-) -> bool | None:
-    """True if the tile was fenced for ``token`` in one statement; None: run the transaction.
+async def fence(conn: Conn, lease: TileFence, seen: Tile) -> bool | None:
+    """True if the statement alone fenced the tile; None (nothing written): run the transaction.
 
-    ``seen`` is the tile as the caller read it; ``who.detail`` is the audit detail.
+    ``seen`` is the tile as the caller just read it; the compare-and-set is on its state, so a
+    tile that moved since matches no row.
     """
-    if seen.attempt_count or seen.lease_fence >= token:
+    if seen.attempt_count or seen.lease_fence >= lease.token:
         return None
-    try:
-        target = transition_tile(seen.state, TileTrigger.LEASE)
-    except IllegalTransition:
+    if TileTrigger.LEASE not in tile_legal_events(seen.state):
         return None
-    moved = await conn.fetchval(
-        _FENCE,
-        seen.job_id,
-        seen.tile_index,
-        token,
-        who.attempt_id,
-        seen.state.value,
-        target.value,
-        resumed_from,
-        _STARTED_QUIET,
-        who.node,
-        TileTrigger.LEASE.value,
-        who.detail,
-    )
+    moved = await write_lease(conn, lease, seen.state, attempts=0, job_states=_STARTED_QUIET)
     return True if moved else None
 
 
-async def commit(
+async def commit(conn: Conn, done: TileCommit) -> bool | None:
+    """True if the statement alone committed the tile; None (nothing written): run the
+    transaction."""
+    return True if await write_commit(conn, done, _COMMIT_MOVES, _PROGRESS_QUIET) else None
+
+
+async def write_lease(
     conn: Conn,
-    job_id: str,
-    tile_index: int,
+    lease: TileFence,
+    state: TileState,
     *,
-    token: int,
-    result_key: str | None,
-    result_sha256: str,
-    result_data: bytes | None,
-    samples_done: int,
-    who: Who,
-) -> bool | None:
-    """True if the tile was committed in one statement; None: run the transaction."""
+    attempts: int,
+    job_states: Sequence[JobState],
+    error_code: str | None = None,
+    error: str | None = None,
+) -> bool:
+    """LEASE the tile from ``state`` (after ``attempts`` attempts) for ``lease.token``, its job
+    in one of ``job_states`` and not cancel-requested; record the attempt and the audit row.
+
+    ``error_code``/``error`` (a takeover's superseded owners) go on the audit row and become
+    the tile's last error. False: no row matched, nothing was written.
+    """
+    moved = await conn.fetchval(
+        _LEASE,
+        lease.job_id,
+        lease.tile_index,
+        lease.token,
+        lease.attempt_id,
+        state.value,
+        transition_tile(state, TileTrigger.LEASE).value,
+        lease.resumed_from,
+        [s.value for s in job_states],
+        lease.node,
+        TileTrigger.LEASE.value,
+        f"fence {lease.token}",
+        error_code,
+        error,
+        attempts,
+    )
+    return bool(moved)
+
+
+async def write_commit(
+    conn: Conn,
+    done: TileCommit,
+    moves: Sequence[tuple[TileState, TileState]],
+    job_states: Sequence[JobState],
+) -> bool:
+    """COMMIT the tile by one of ``moves`` (``(from, to)``) under ``done.token``, its job in one
+    of ``job_states``: the result columns, the attempt closed as done, the audit row and an
+    inline result. False: no row matched, nothing was written."""
     moved = await conn.fetchval(
         _COMMIT,
-        job_id,
-        tile_index,
-        token,
-        who.attempt_id,
-        result_key,
-        result_sha256,
-        samples_done,
-        result_data,
-        _COMMIT_FROM,
-        _COMMIT_TO,
-        _PROGRESS_QUIET,
-        who.node,
+        done.job_id,
+        done.tile_index,
+        done.token,
+        done.attempt_id,
+        done.result_key,
+        done.result_sha256,
+        done.samples_done,
+        done.result_data,
+        [a.value for a, _ in moves],
+        [b.value for _, b in moves],
+        [s.value for s in job_states],
+        done.node,
         TileTrigger.COMMIT.value,
     )
-    return True if moved else None
+    return bool(moved)

@@ -6,13 +6,15 @@ token), and progress, commit and failure require ``lease_fence = $token``. A mis
 :class:`CasMiss` and the store reruns the transaction, so the decision is made again from
 fresh rows. The job row is written before the tile row (see :mod:`shared.metadata.tiles`).
 
+The fence and the commit decide here and write through the statements of
+:mod:`shared.metadata.fastpath`, which also run alone for the common case: this module owns
+the refusals, the job's moves and a takeover's superseded attempts, the statement the rows.
+
 Tile audit rows: every state change, and every LEASE (a re-lease of a ``leased`` tile is a new
 owner taking over, which the trail must show); repeated PROGRESS updates are not audited.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 from shared.lifecycle import (
     IllegalTransition,
@@ -24,81 +26,60 @@ from shared.lifecycle import (
     transition_job,
     transition_tile,
 )
-from shared.metadata import audit, jobs
+from shared.metadata import audit, fastpath, jobs
 from shared.metadata.audit import Conn, Who
 from shared.metadata.jobs import CasMiss
-from shared.metadata.models import AttemptOutcome, CommitOutcome, Tile
+from shared.metadata.models import AttemptOutcome, CommitOutcome, Tile, TileCommit, TileFence
 from shared.metadata.tiles import require_tile, require_tile_and_job
 
 
-async def fence(
-    conn: Conn,
-    job_id: str,
-    tile_index: int,
-    *,
-    token: int,
-    attempt_id: str,
-    who: Who,
-    resumed_from: int,
-) -> bool:
-    """LEASE the tile for ``token`` if it is larger than the current fence (see the store)."""
-    tile, job_state, cancel_requested = await require_tile_and_job(conn, job_id, tile_index)
-    if cancel_requested or is_terminal(job_state) or tile.lease_fence >= token:
+async def fence(conn: Conn, lease: TileFence) -> bool:
+    """LEASE the tile for ``lease.token`` if it is larger than the current fence (see the store).
+
+    The cases the statement alone does not take are decided here: refusals, the job's
+    TILE_STARTED move and a takeover's superseded attempts; the write is the statement's.
+    """
+    tile, job_state, cancel_requested = await require_tile_and_job(
+        conn, lease.job_id, lease.tile_index
+    )
+    if cancel_requested or is_terminal(job_state) or tile.lease_fence >= lease.token:
         return False
     try:
-        target = transition_tile(tile.state, TileTrigger.LEASE)
+        transition_tile(tile.state, TileTrigger.LEASE)
         job_target = transition_job(job_state, JobTrigger.TILE_STARTED)
     except IllegalTransition:
         return False
     if job_target != job_state:  # a self-loop writes nothing: the state was just read here
-        await jobs.cas_job(conn, job_id, job_state, JobTrigger.TILE_STARTED, who)
-    moved = await conn.fetchval(
-        """
-        UPDATE tiles SET lease_fence = $3, state = $5, samples_done = $6,
-            attempt_count = attempt_count + 1, updated_at = now()
-        WHERE job_id = $1 AND tile_index = $2 AND lease_fence < $3 AND state = $4
-        RETURNING true
-        """,
-        job_id,
-        tile_index,
-        token,
-        tile.state.value,
-        target.value,
-        resumed_from,
-    )
-    if moved is None:
-        raise CasMiss
-    lease_who = _with_detail(Who(who.node, attempt_id), f"fence {token}")
+        who = Who(lease.node, lease.attempt_id)
+        await jobs.cas_job(conn, lease.job_id, job_state, JobTrigger.TILE_STARTED, who)
+    error_code, error = _NO_ERROR
     if tile.attempt_count:  # only a tile leased before can have open attempts to supersede
-        lease_who = await _supersede(conn, tile, token, lease_who)
-    await audit.start_tile_attempt(
+        error_code, error = await _superseded(conn, tile, lease.token)
+    moved = await fastpath.write_lease(
         conn,
-        tile,
-        to_state=target.value,
-        trigger=TileTrigger.LEASE.value,
-        fence=token,
-        resumed_from=resumed_from,
-        who=lease_who,
+        lease,
+        tile.state,
+        attempts=tile.attempt_count,
+        job_states=[job_target],
+        error_code=error_code,
+        error=error,
     )
+    if not moved:
+        raise CasMiss
     return True
 
 
-async def _supersede(conn: Conn, tile: Tile, token: int, who: Who) -> Who:
-    """Name the open attempts a takeover supersedes, in the trail and the tile's last error."""
+_NO_ERROR: tuple[str | None, str | None] = (None, None)
+
+
+async def _superseded(conn: Conn, tile: Tile, token: int) -> tuple[str | None, str | None]:
+    """The error a takeover records (audit row, tile's last error): the open attempts it
+    supersedes, or no error if there are none."""
     abandoned = await audit.open_attempts(conn, tile.job_id, tile.tile_index, below=token)
     if not abandoned:
-        return who
+        return _NO_ERROR
     names = ", ".join(f"{a} on {node}" for a, node in abandoned)
-    why = f"took over from attempt {names}: its lease expired without a renew"
-    await conn.execute(
-        "UPDATE tiles SET last_error_code = $3, last_error = $4"
-        " WHERE job_id = $1 AND tile_index = $2",
-        tile.job_id,
-        tile.tile_index,
-        audit.ABANDONED,
-        why,
-    )
-    return dataclasses.replace(who, error_code=audit.ABANDONED, error=why)
+    return audit.ABANDONED, f"took over from attempt {names}: its lease expired without a renew"
 
 
 async def progress(
@@ -132,87 +113,39 @@ async def progress(
     return True
 
 
-async def commit(
-    conn: Conn,
-    job_id: str,
-    tile_index: int,
-    *,
-    token: int,
-    result_key: str | None,
-    result_sha256: str,
-    result_data: bytes | None,
-    samples_done: int,
-    who: Who,
-) -> CommitOutcome:
+async def commit(conn: Conn, done: TileCommit) -> CommitOutcome:
     """The fenced commit: COMMIT the tile, close the attempt, TILE_PROGRESS the job.
 
-    ``result_data`` (a small result, ``result_key`` None) is stored in ``tile_results``.
+    The cases the statement alone does not take are decided here: a refused commit (only the
+    attempt's ``fenced`` outcome is written) and the job's TILE_PROGRESS move; the write is the
+    statement's.
     """
-    tile, job_state, _ = await require_tile_and_job(conn, job_id, tile_index)
-    if tile.state == TileState.DONE or tile.lease_fence != token:
-        await audit.end_attempt(conn, who.attempt_id, AttemptOutcome.FENCED)
-        done = tile.state == TileState.DONE
-        return CommitOutcome.ALREADY_DONE if done else CommitOutcome.FENCED
+    tile, job_state, _ = await require_tile_and_job(conn, done.job_id, done.tile_index)
+    if tile.state == TileState.DONE or tile.lease_fence != done.token:
+        await audit.end_attempt(conn, done.attempt_id, AttemptOutcome.FENCED)
+        already = tile.state == TileState.DONE
+        return CommitOutcome.ALREADY_DONE if already else CommitOutcome.FENCED
     try:
         target = transition_tile(tile.state, TileTrigger.COMMIT)
     except IllegalTransition:  # the fence is ours but the lease was lost or handed back
-        await audit.end_attempt(conn, who.attempt_id, AttemptOutcome.FENCED)
+        await audit.end_attempt(conn, done.attempt_id, AttemptOutcome.FENCED)
         return CommitOutcome.FENCED
-    await _progress_job(conn, job_id, job_state, Who(who.node, who.attempt_id))
-    moved = await conn.fetchval(
-        """
-        UPDATE tiles SET state = $5, result_key = $6, result_sha256 = $7, samples_done = $8,
-            last_error_code = NULL, last_error = NULL, updated_at = now()
-        WHERE job_id = $1 AND tile_index = $2 AND lease_fence = $3 AND state = $4
-        RETURNING true
-        """,
-        job_id,
-        tile_index,
-        token,
-        tile.state.value,
-        target.value,
-        result_key,
-        result_sha256,
-        samples_done,
-    )
-    if moved is None:
+    job_after = await _progress_job(conn, done.job_id, job_state, Who(done.node, done.attempt_id))
+    if not await fastpath.write_commit(conn, done, [(tile.state, target)], [job_after]):
         raise CasMiss
-    if result_data is not None:
-        await store_result(conn, job_id, tile_index, result_sha256, result_data)
-    await audit.end_tile_attempt(
-        conn,
-        tile,
-        to_state=target.value,
-        trigger=TileTrigger.COMMIT.value,
-        outcome=AttemptOutcome.DONE,
-        who=who,
-    )
     return CommitOutcome.COMMITTED
 
 
-async def store_result(conn: Conn, job_id: str, tile_index: int, sha256: str, data: bytes) -> None:
-    """Write a small tile result inline (``tile_results``), in the commit's transaction."""
-    await conn.execute(
-        """
-        INSERT INTO tile_results (job_id, tile_index, sha256, data) VALUES ($1, $2, $3, $4)
-        ON CONFLICT (job_id, tile_index) DO UPDATE SET sha256 = EXCLUDED.sha256,
-            data = EXCLUDED.data
-        """,
-        job_id,
-        tile_index,
-        sha256,
-        data,
-    )
-
-
-async def _progress_job(conn: Conn, job_id: str, state: JobState, who: Who) -> None:
-    """TILE_PROGRESS the job if its state (read in this transaction) moves by it at all."""
+async def _progress_job(conn: Conn, job_id: str, state: JobState, who: Who) -> JobState:
+    """TILE_PROGRESS the job if its state (read in this transaction) moves by it at all; the
+    job's state afterwards."""
     try:
         target = transition_job(state, JobTrigger.TILE_PROGRESS)
     except IllegalTransition:
-        return  # e.g. the job is already terminal: the tile's commit still stands
+        return state  # e.g. the job is already terminal: the tile's commit still stands
     if target != state:
         await jobs.cas_job(conn, job_id, state, JobTrigger.TILE_PROGRESS, who)
+    return target
 
 
 async def fail(
@@ -267,10 +200,6 @@ def _next(tile: Tile, trigger: TileTrigger) -> TileState:
             f"tile {tile.tile_index} of job {tile.job_id}: {TileTrigger(trigger).value} is "
             f"illegal in state {tile.state.value}"
         ) from None
-
-
-def _with_detail(who: Who, detail: str) -> Who:
-    return Who(who.node, who.attempt_id, who.error_code, who.error, who.detail or detail)
 
 
 async def _audit(conn: Conn, tile: Tile, target: TileState, trigger: TileTrigger, who: Who) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 from asyncpg import Record
 
 from kernel.rect import Rect
+from shared.errors import ValidationError
 from shared.lifecycle import JobState, TileState
 
 SUBMIT_TRIGGER = "submit"
@@ -132,6 +133,44 @@ class Tile:
     def from_record(cls, row: Record) -> Tile:
         """Build from a ``SELECT * FROM tiles`` row."""
         return _build(cls, row, state=TileState(row["state"]))
+
+
+@dataclass(frozen=True)
+class TileFence:
+    """An owner's claim on a tile: write its lease's ``token`` as the tile's fence and record
+    the attempt (see :meth:`~shared.metadata.MetadataStore.fence_tile`)."""
+
+    job_id: str
+    tile_index: int
+    token: int
+    attempt_id: str
+    node: str
+    resumed_from: int = 0
+
+
+@dataclass(frozen=True)
+class TileCommit:
+    """An owner's fenced commit of a tile's result, built once and passed down as it is (see
+    :meth:`~shared.metadata.MetadataStore.commit_tile`).
+
+    The result is an object (``result_key``) or, for a small one, ``result_data`` stored inline
+    with the commit (``result_key`` None): exactly one of the two, or :class:`ValidationError`.
+    """
+
+    job_id: str
+    tile_index: int
+    _: KW_ONLY
+    token: int
+    attempt_id: str
+    result_key: str | None
+    result_sha256: str
+    samples_done: int
+    node: str
+    result_data: bytes | None = None
+
+    def __post_init__(self) -> None:
+        if (self.result_key is None) == (self.result_data is None):
+            raise ValidationError("commit_tile: give exactly one of result_key and result_data")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Operator queries and the one-tile requeue, under :class:`~shared.metadata.MetadataStore`.
+"""Operator queries and the one-tile requeue: ``MetadataStore.ops``, on the store's pool.
 
 :meth:`OpsStore.requeue_tile` is the metadata half of ``tessera dlq requeue`` for one tile; the
 rest are read-only queries for ``tessera gc`` and ``tessera top``, each bounded (a ``LIMIT`` or
@@ -55,8 +55,12 @@ class InFlightTile:
     updated_at: datetime
 
 
-class OpsStore(StoreBase):
-    """The operator methods of the metadata store."""
+class OpsStore:
+    """The operator methods of the metadata store, on the store's pool and transaction runner
+    (``store.ops``, not a base class of the store)."""
+
+    def __init__(self, db: StoreBase) -> None:
+        self._db = db
 
     async def requeue_tile(self, job_id: str, tile_index: int, *, node: str = "") -> TileRequeue:
         """REQUEUE one dead-lettered/failed tile (generation + 1, errors cleared), in one
@@ -65,17 +69,17 @@ class OpsStore(StoreBase):
         audited. A tile in any other state, or a completed/cancelled job, raises
         :class:`~shared.lifecycle.IllegalTransition` and changes nothing."""
         who = Who(node, detail="dlq requeue")
-        return await self._tx("requeue_tile", lambda c: _requeue(c, job_id, tile_index, who))
+        return await self._db._tx("requeue_tile", lambda c: _requeue(c, job_id, tile_index, who))
 
     async def job_tile_states(
         self, job_ids: Sequence[str]
     ) -> dict[str, tuple[JobState, dict[int, TileState]]]:
         """For ``gc``: each existing job's state and its tiles' states (missing jobs absent)."""
-        return await self._read("job_tile_states", lambda c: _states(c, list(job_ids)))
+        return await self._db._read("job_tile_states", lambda c: _states(c, list(job_ids)))
 
     async def in_flight_tiles(self, *, limit: int = 50) -> list[InFlightTile]:
         """Tiles in ``leased``/``progressing``, least recently updated first."""
-        return await self._read("in_flight_tiles", lambda c: _in_flight(c, limit))
+        return await self._db._read("in_flight_tiles", lambda c: _in_flight(c, limit))
 
     async def recent_failures(self, *, limit: int = 10) -> list[AuditEvent]:
         """The newest audit rows that carry an error code, newest first."""
@@ -83,7 +87,9 @@ class OpsStore(StoreBase):
             SELECT * FROM (SELECT * FROM job_events ORDER BY id DESC LIMIT $1) e
             WHERE e.error_code IS NOT NULL ORDER BY e.id DESC LIMIT $2
         """
-        rows = await self._read("recent_failures", lambda c: c.fetch(query, AUDIT_WINDOW, limit))
+        rows = await self._db._read(
+            "recent_failures", lambda c: c.fetch(query, AUDIT_WINDOW, limit)
+        )
         return [AuditEvent.from_record(r) for r in rows]
 
     async def tiles_committed_since(self, seconds: float) -> int:
@@ -93,7 +99,7 @@ class OpsStore(StoreBase):
                                   ORDER BY id DESC LIMIT $1) e
             WHERE e.entity = 'tile' AND e.trigger = $2 AND e.at > now() - make_interval(secs => $3)
         """
-        value = await self._read(
+        value = await self._db._read(
             "tiles_committed_since",
             lambda c: c.fetchval(query, AUDIT_WINDOW, TileTrigger.COMMIT.value, seconds),
         )
@@ -102,7 +108,7 @@ class OpsStore(StoreBase):
     async def job_state_counts(self) -> dict[JobState, int]:
         """How many jobs are in each state."""
         query = "SELECT state, count(*) AS n FROM jobs GROUP BY state"
-        rows = await self._read("job_state_counts", lambda c: c.fetch(query))
+        rows = await self._db._read("job_state_counts", lambda c: c.fetch(query))
         return {JobState(r["state"]): int(r["n"]) for r in rows}
 
 

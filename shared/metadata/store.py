@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shared.errors import ValidationError
+import asyncpg
+from asyncpg import Record
+
 from shared.lifecycle import JobState, JobTrigger, TileState, TileTrigger, tile_legal_events
 from shared.metadata import audit, fastpath, fencing, jobs, tiles
 from shared.metadata.audit import Conn, Who
+from shared.metadata.base import StoreBase
 from shared.metadata.models import (
     Attempt,
     AttemptOutcome,
@@ -17,7 +20,9 @@ from shared.metadata.models import (
     NewJob,
     SubmitResult,
     Tile,
+    TileCommit,
     TileCounts,
+    TileFence,
 )
 from shared.metadata.ops import OpsStore
 
@@ -32,14 +37,20 @@ CANCEL_IF_IDLE = tuple(
 )
 
 
-class MetadataStore(OpsStore):
+class MetadataStore(StoreBase):
     """Jobs, tiles, attempts and the audit trail in PostgreSQL.
 
     Every method runs in one transaction, translates asyncpg errors into
     :class:`~shared.errors.StoreUnavailable` (retryable) or a terminal error, and moves states
     only through :mod:`shared.lifecycle`: an illegal move raises
-    :class:`~shared.lifecycle.IllegalTransition` and changes nothing.
+    :class:`~shared.lifecycle.IllegalTransition` and changes nothing. The operator queries and
+    the one-tile requeue are :attr:`ops` (an :class:`~shared.metadata.ops.OpsStore` on the
+    same pool).
     """
+
+    def __init__(self, pool: asyncpg.Pool[Record], *, acquire_timeout: float) -> None:
+        super().__init__(pool, acquire_timeout=acquire_timeout)
+        self.ops = OpsStore(self)
 
     # ---- jobs -----------------------------------------------------------------------------
 
@@ -191,31 +202,15 @@ class MetadataStore(OpsStore):
 
         Also moves the job by TILE_STARTED. False (nothing written) for a stale token, a
         done/terminal tile, or a terminal or cancel-requested job. ``seen``, the tile as the
-        caller just read it, lets the common case take one statement (:mod:`.fastpath`).
+        caller just read it, lets the common case take one statement (:mod:`.fastpath`); the
+        transaction (:func:`.fencing.fence`) takes the rest.
         """
-        who = Who(node, attempt_id)
+        lease = TileFence(job_id, tile_index, token, attempt_id, node, resumed_from)
         if seen is not None and (seen.job_id, seen.tile_index) == (job_id, tile_index):
-            fast_who = Who(node, attempt_id, detail=f"fence {token}")
-            fast = await self._statement(
-                "fence_tile",
-                lambda c: fastpath.fence(
-                    c, seen, token=token, who=fast_who, resumed_from=resumed_from
-                ),
-            )
+            fast = await self._statement("fence_tile", lambda c: fastpath.fence(c, lease, seen))
             if fast:
                 return True
-        return await self._tx(
-            "fence_tile",
-            lambda c: fencing.fence(
-                c,
-                job_id,
-                tile_index,
-                token=token,
-                attempt_id=attempt_id,
-                who=who,
-                resumed_from=resumed_from,
-            ),
-        )
+        return await self._tx("fence_tile", lambda c: fencing.fence(c, lease))
 
     async def record_progress(
         self,
@@ -236,60 +231,17 @@ class MetadataStore(OpsStore):
             ),
         )
 
-    async def commit_tile(
-        self,
-        job_id: str,
-        tile_index: int,
-        *,
-        token: int,
-        attempt_id: str,
-        result_key: str | None,
-        result_sha256: str,
-        samples_done: int,
-        node: str,
-        result_data: bytes | None = None,
-    ) -> CommitOutcome:
+    async def commit_tile(self, done: TileCommit) -> CommitOutcome:
         """The fenced commit (``lease_fence = token AND state <> 'done'``) in one transaction.
 
         COMMITTED: tile done, attempt closed as done, audited, job moved by TILE_PROGRESS
         (skipped if the job is already terminal). ALREADY_DONE / FENCED: nothing but the
-        attempt's ``fenced`` outcome is written. The result is an object (``result_key``) or,
-        for a small one, ``result_data`` stored inline with the commit (``result_key`` None).
-        The common case takes one statement (:mod:`.fastpath`).
+        attempt's ``fenced`` outcome is written. The common case takes one statement
+        (:mod:`.fastpath`); the transaction (:func:`.fencing.commit`) takes the rest.
         """
-        if (result_key is None) == (result_data is None):
-            raise ValidationError("commit_tile: give exactly one of result_key and result_data")
-        who = Who(node, attempt_id)
-        fast = await self._statement(
-            "commit_tile",
-            lambda c: fastpath.commit(
-                c,
-                job_id,
-                tile_index,
-                token=token,
-                result_key=result_key,
-                result_sha256=result_sha256,
-                result_data=result_data,
-                samples_done=samples_done,
-                who=who,
-            ),
-        )
-        if fast:
+        if await self._statement("commit_tile", lambda c: fastpath.commit(c, done)):
             return CommitOutcome.COMMITTED
-        return await self._tx(
-            "commit_tile",
-            lambda c: fencing.commit(
-                c,
-                job_id,
-                tile_index,
-                token=token,
-                result_key=result_key,
-                result_sha256=result_sha256,
-                result_data=result_data,
-                samples_done=samples_done,
-                who=who,
-            ),
-        )
+        return await self._tx("commit_tile", lambda c: fencing.commit(c, done))
 
     async def result_lost(
         self,

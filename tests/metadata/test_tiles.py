@@ -10,7 +10,7 @@ import pytest
 
 from shared.errors import ConflictError, NotFoundError, ValidationError
 from shared.lifecycle import IllegalTransition, JobState, JobTrigger, TileState, TileTrigger
-from shared.metadata import CommitOutcome, MetadataStore, NewJob
+from shared.metadata import CommitOutcome, MetadataStore, NewJob, TileCommit
 from tests.metadata.conftest import RECTS
 
 Factory = Callable[..., NewJob]
@@ -23,7 +23,7 @@ async def _planned(store: MetadataStore, new_job: Factory) -> str:
 
 
 async def _commit(store: MetadataStore, job_id: str, i: int, token: int, attempt: str) -> object:
-    return await store.commit_tile(
+    done = TileCommit(
         job_id,
         i,
         token=token,
@@ -33,6 +33,7 @@ async def _commit(store: MetadataStore, job_id: str, i: int, token: int, attempt
         samples_done=16,
         node="w",
     )
+    return await store.commit_tile(done)
 
 
 async def test_plan_is_idempotent(store: MetadataStore, new_job: Factory) -> None:

@@ -24,7 +24,7 @@ from shared import pauses
 from shared.jetstream import ack_sync_retry
 from shared.leases import LeaseOwner
 from shared.lifecycle import TileState
-from shared.metadata import CommitOutcome, Tile
+from shared.metadata import CommitOutcome, Tile, TileCommit
 from shared.runtime import Runtime
 from tests.metadata.conftest import make_new_job
 
@@ -80,7 +80,7 @@ async def _render(rt: Runtime, job_id: str, index: int, msg: Msg | None = None) 
         job_id, index, token=lease.token, attempt_id=owner.attempt_id, node=owner.node
     )
     data = f"result {index}".encode()
-    outcome = await rt.db.commit_tile(
+    done = TileCommit(
         job_id,
         index,
         token=lease.token,
@@ -91,7 +91,7 @@ async def _render(rt: Runtime, job_id: str, index: int, msg: Msg | None = None) 
         node=owner.node,
         result_data=data,
     )
-    assert outcome is CommitOutcome.COMMITTED
+    assert await rt.db.commit_tile(done) is CommitOutcome.COMMITTED
     assert await rt.leases.release(lease)
     if msg is not None:
         await ack_sync_retry(msg)
