@@ -1,8 +1,8 @@
 """The consume loop every service shares: pull, dispatch to bounded concurrent handlers, drain.
 
-Outcome → JetStream action lives in the handlers (success → ack, retryable → nak(delay),
-terminal → dead-letter + term, alive → in_progress); this loop only decides *how many* messages
-are in flight and stops fetching when the service is asked to stop.
+Outcome → JetStream action lives in one place, :func:`services.settle.settle`, which every
+handler's typed outcome goes through; this loop only decides *how many* messages are in flight
+and stops fetching when the service is asked to stop.
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ __all__ = ["consume"]
 Handler = Callable[[Msg], Awaitable[None]]
 
 
-# C901 waiver only while issue 15 rewrites this module: split the loop and drop the noqa then.
-async def consume(  # noqa: C901
+async def consume(
     js: JetStreamContext,
     *,
     stream: str,
@@ -55,19 +54,7 @@ async def consume(  # noqa: C901
             if free <= 0:
                 await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
                 continue
-            try:
-                msgs = await sub.fetch(batch=free, timeout=fetch_wait)
-            except (TimeoutError, nats.errors.TimeoutError):
-                continue
-            except (nats.errors.ConnectionReconnectingError, nats.errors.ConnectionClosedError):
-                await _pause(stop, fetch_wait)
-                continue
-            except (ServiceUnavailableError, ServerError) as exc:
-                # 503/500 while the consumer's stream elects a new leader (a cluster lost a
-                # node): the consumer comes back within seconds, so wait and pull again.
-                log.warning("fetch refused; retrying", stream=stream, error=repr(exc))
-                await _pause(stop, fetch_wait)
-                continue
+            msgs = await _fetch(sub, free, fetch_wait, stop, log, stream)
             if stop.is_set():  # fetched while stopping: hand back untouched, for others
                 for msg in msgs:
                     with contextlib.suppress(Exception):
@@ -82,14 +69,44 @@ async def consume(  # noqa: C901
             stopping.cancel()
         if on_stop is not None:
             on_stop()  # (again, if ``stop`` was set: it must be idempotent)
-        if inflight:
-            log.info("draining", inflight=len(inflight), grace=grace)
-            _done, pending = await asyncio.wait(inflight, timeout=grace)
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+        await _drain(inflight, grace, log)
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
+
+
+async def _fetch(
+    sub: JetStreamContext.PullSubscription,
+    batch: int,
+    wait: float,
+    stop: asyncio.Event,
+    log: Log,
+    stream: str,
+) -> list[Msg]:
+    """Up to ``batch`` messages, or none when nothing came or the server is not answering."""
+    try:
+        return await sub.fetch(batch=batch, timeout=wait)
+    except (TimeoutError, nats.errors.TimeoutError):
+        return []
+    except (nats.errors.ConnectionReconnectingError, nats.errors.ConnectionClosedError):
+        await _pause(stop, wait)
+        return []
+    except (ServiceUnavailableError, ServerError) as exc:
+        # 503/500 while the consumer's stream elects a new leader (a cluster lost a node): the
+        # consumer comes back within seconds, so wait and pull again.
+        log.warning("fetch refused; retrying", stream=stream, error=repr(exc))
+        await _pause(stop, wait)
+        return []
+
+
+async def _drain(inflight: set[asyncio.Task[None]], grace: float, log: Log) -> None:
+    """Give ``inflight`` handlers ``grace`` seconds, then cancel what is left and wait for it."""
+    if not inflight:
+        return
+    log.info("draining", inflight=len(inflight), grace=grace)
+    _done, pending = await asyncio.wait(inflight, timeout=grace)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
 
 
 async def _call_on(stop: asyncio.Event, on_stop: Callable[[], None]) -> None:
