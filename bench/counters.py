@@ -37,7 +37,7 @@ from typing import Any
 import asyncpg
 import psutil
 
-from shared.stack import Stack
+from shared.devstack.stack import Stack
 
 __all__ = [
     "KERNEL_THREAD_PREFIX",

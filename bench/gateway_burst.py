@@ -74,11 +74,11 @@ from proto.names import ApiVerb, Names
 from services.client.api import TesseraClient
 from services.gateway.app import Gateway, freeze_heap
 from services.gateway.intake import Intake, Lane, T
-from shared.config import Settings
-from shared.jetstream import connect_nats
-from shared.procs import ManagedProcess, wait_for
-from shared.runtime import Runtime, service_main
-from shared.stack import Stack
+from shared.core.config import Settings
+from shared.devstack.procs import ManagedProcess, wait_for
+from shared.devstack.stack import Stack
+from shared.nats.jetstream import connect_nats
+from shared.service.runtime import Runtime, service_main
 
 __all__ = ["BurstResult", "LegacyGateway", "big_scene", "run_burst"]
 

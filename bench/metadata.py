@@ -24,8 +24,8 @@ import time
 import uuid
 from pathlib import Path
 
+from shared.devstack.stack import PostgresServer
 from shared.metadata import MetadataStore, NewJob, TileCommit
-from shared.stack import PostgresServer
 
 SIDE, DATA = 16, b"\x93NUMPY" + bytes(200)
 """A 16x16 plan (256 tiles by default) and an inline result about the size of an 8x8 tile's."""

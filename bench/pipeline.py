@@ -51,13 +51,13 @@ from bench.counters import (
 )
 from proto.api import SubmitRequest
 from proto.names import EventKind, Names
+from services.cli.local import ServiceProcesses
 from services.client.api import TesseraClient
-from services.local import ServiceProcesses
-from shared.config import Settings
-from shared.jetstream import connect_nats
+from shared.core.config import Settings
+from shared.core.tiles import plan_rects, zeros_for
+from shared.devstack.stack import Stack
 from shared.metadata import MetadataStore
-from shared.stack import Stack
-from shared.tiles import plan_rects, zeros_for
+from shared.nats.jetstream import connect_nats
 
 CORES = os.cpu_count() or 1
 ALL_CORES = set(range(CORES))

@@ -29,10 +29,10 @@ from proto.messages import JobMessage
 from proto.names import STREAM_TILES, new_job_id
 from services.scheduler.planner import Planner
 from services.scheduler.sweeper import Sweeper
-from shared.config import Settings
+from shared.core.config import Settings
+from shared.devstack.stack import Stack
 from shared.metadata import NewJob
-from shared.runtime import Runtime
-from shared.stack import Stack
+from shared.service.runtime import Runtime
 
 WIDTH, HEIGHT, TILE = 320, 200, 8
 """1,000 tiles: the sweeper's snapshot limit."""

@@ -25,11 +25,11 @@ from nats.js.errors import NotFoundError
 from proto import names as n
 from proto.api import SubmitRequest
 from proto.topology import Topology
+from services.cli.local import ServiceProcesses
 from services.client.api import TesseraClient
-from services.local import ServiceProcesses
-from shared.config import Settings
-from shared.jetstream import connect_nats
-from shared.stack import Stack
+from shared.core.config import Settings
+from shared.devstack.stack import Stack
+from shared.nats.jetstream import connect_nats
 
 WITHIN = 120.0
 

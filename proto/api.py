@@ -62,8 +62,8 @@ from proto.limits import (
     tile_count,
 )
 from proto.names import TOKEN_RE, ApiVerb
-from shared.errors import DecodeError, ValidationError
-from shared.lifecycle import JobState
+from shared.core.errors import DecodeError, ValidationError
+from shared.core.lifecycle import JobState
 
 MSGPACK = "application/msgpack"
 

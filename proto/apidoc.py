@@ -2,8 +2,8 @@
 
 Every table on that page comes from a definition in :mod:`proto` (request and reply dataclasses
 and their ``Annotated`` field texts, :class:`~proto.replies.ErrorCode`, the internal messages)
-or :mod:`shared.lifecycle` (the job states and which are final); a test regenerates the page and
-fails if the committed copy differs.
+or :mod:`shared.core.lifecycle` (the job states and which are final); a test regenerates the page
+and fails if the committed copy differs.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from proto import limits, messages, replies
 from proto.api import VERB_REQUESTS
 from proto.api_replies import ITEM_SCHEMAS, VERB_REPLIES, field_docs
 from proto.names import QUEUE_GROUP_GATEWAY, ApiVerb, EventKind, Names
-from shared.config import GatewaySettings
-from shared.lifecycle import TERMINAL_JOB_STATES, JobState, JobTrigger, job_legal_events
+from shared.core.config import GatewaySettings
+from shared.core.lifecycle import TERMINAL_JOB_STATES, JobState, JobTrigger, job_legal_events
 
 __all__ = ["error_code_docs", "json_type", "render"]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from shared.errors import ValidationError
+from shared.core.errors import ValidationError
 
 MAX_DEPTH = 64
 """Deepest nesting of arrays/objects accepted (the top level is depth 1)."""

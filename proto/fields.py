@@ -1,9 +1,9 @@
 """Typed field readers for API request bodies.
 
 A wrong *shape* (missing field, unknown field, wrong JSON type, a bool where a number belongs)
-is a :class:`~shared.errors.DecodeError` (``bad_request``); a well-typed value outside a
-documented limit is a :class:`~shared.errors.ValidationError` (``invalid``). Both messages start
-with the field name and say what was expected.
+is a :class:`~shared.core.errors.DecodeError` (``bad_request``); a well-typed value outside a
+documented limit is a :class:`~shared.core.errors.ValidationError` (``invalid``). Both messages
+start with the field name and say what was expected.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, TypeVar, overload
 
-from shared.errors import DecodeError, ValidationError
+from shared.core.errors import DecodeError, ValidationError
 
 _MISSING: Any = object()
 T = TypeVar("T")

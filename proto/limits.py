@@ -3,7 +3,7 @@
 Limits (``bad_request`` for a wrong shape or type, ``invalid`` for a value outside a limit):
 
 - request body: at most 5 MiB (:data:`MAX_REQUEST_BYTES`). Every NATS server configuration
-  Tessera ships (``tessera up`` and the test stack via :mod:`shared.stack`,
+  Tessera ships (``tessera up`` and the test stack via :mod:`shared.devstack.stack`,
   ``deploy/nats/tessera-auth.conf`` for compose, ``k8s/nats-values.yaml``) sets ``max_payload``
   to :data:`NATS_MAX_PAYLOAD` (8 MiB: the largest body plus room for headers), so every body
   within the limits reaches the gateway, and one above 5 MiB is answered ``invalid``. The
@@ -40,7 +40,7 @@ from typing import Any
 
 from proto.canonical import canonical_json
 from proto.fields import check_range, check_str, json_depth
-from shared.errors import DecodeError, ValidationError
+from shared.core.errors import DecodeError, ValidationError
 
 MAX_REQUEST_BYTES = 5 * 1024 * 1024
 NATS_MAX_PAYLOAD = 8 * 1024 * 1024

@@ -3,8 +3,8 @@
 Every message is a msgpack map ``{"v": <version>, <field>: <value>, ...}``. :meth:`Message.decode`
 is strict: bytes that are not msgpack, not a map, of an unknown version, missing a field, with an
 unknown field, or with a field of the wrong type (a bool is not an int; a nested map is not a
-string) raise :class:`~shared.errors.DecodeError` whose message names what was wrong — never any
-other exception. A change of meaning gets a new field or a new version, never a reused field.
+string) raise :class:`~shared.core.errors.DecodeError` whose message names what was wrong — never
+any other exception. A change of meaning gets a new field or a new version, never a reused field.
 
 Limits: an encoded message is at most :data:`MAX_MESSAGE_BYTES`; strings at most
 :data:`MAX_STR` characters (``detail`` and ``error``: :data:`MAX_TEXT`); ints are
@@ -22,7 +22,7 @@ class                 fields
 ====================  ===========================================================================
 
 :meth:`Message.headers` names a message in readable NATS headers (``Tessera-Kind``,
-``Tessera-Job``, ...: see :mod:`proto.names`); :func:`shared.jetstream.publish` sends them with
+``Tessera-Job``, ...: see :mod:`proto.names`); :func:`shared.nats.jetstream.publish` sends them with
 every message, so ``nats stream view`` shows what each one is without decoding it. Headers are
 derived from the body and never read back:
 
@@ -51,7 +51,7 @@ import msgpack
 
 from proto import names as n
 from proto.names import TOKEN_RE, EventKind
-from shared.errors import DecodeError
+from shared.core.errors import DecodeError
 
 MAX_MESSAGE_BYTES = 64 * 1024
 MAX_STR = 1024

@@ -37,7 +37,7 @@ import uuid
 from dataclasses import dataclass
 from enum import StrEnum
 
-from shared.errors import ValidationError
+from shared.core.errors import ValidationError
 
 TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """What a job id, DLQ unit or prefix must match (a NATS subject token that is also a key part)."""

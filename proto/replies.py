@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
-from shared import errors
-from shared.lifecycle import IllegalTransition
+from shared.core import errors
+from shared.core.lifecycle import IllegalTransition
 
 MAX_MESSAGE = 1024
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from nats.js import api
 
 from proto import names as n
-from shared.config import DeliverySettings, DeploymentSettings
-from shared.errors import ConfigError
+from shared.core.config import DeliverySettings, DeploymentSettings
+from shared.core.errors import ConfigError
 
 DAY = 86_400.0
 MAX_KV_VALUE = 64 * 1024
@@ -81,8 +81,8 @@ class Topology:
 
     ``prefix`` isolates a topology (tests use a fresh one each); see :mod:`proto.names`.
     Durations are in seconds. ``replicas`` is 1 (one server) or 3 (a cluster). A service builds
-    its topology from its settings (:func:`shared.runtime.topology_for`); the defaults here are
-    those settings' defaults, so a ``Topology()`` declares what a default deployment declares.
+    its topology from its settings (:func:`shared.service.runtime.topology_for`); the defaults here
+    are those settings' defaults, so a ``Topology()`` declares what a default deployment declares.
     """
 
     prefix: str = DeploymentSettings.namespace

@@ -1,8 +1,8 @@
 """Shared fixtures: real servers for the whole session, fresh namespaces per test.
 
-One :class:`shared.stack.Stack` (NATS + PostgreSQL, the same supervisor ``tessera up`` uses) is
-started once per session; SeaweedFS only when a test asks for it. Each test gets its own NATS
-namespace (disjoint subjects, streams and buckets), its own database and its own object
+One :class:`shared.devstack.stack.Stack` (NATS + PostgreSQL, the same supervisor ``tessera up``
+uses) is started once per session; SeaweedFS only when a test asks for it. Each test gets its own
+NATS namespace (disjoint subjects, streams and buckets), its own database and its own object
 directory, so tests never see each other's data.
 """
 
@@ -19,8 +19,8 @@ import nats
 import pytest
 from nats.aio.client import Client as NATS
 
-from shared.config import Settings
-from shared.stack import SeaweedS3, Stack
+from shared.core.config import Settings
+from shared.devstack.stack import SeaweedS3, Stack
 
 
 def _server_dir(prefix: str) -> Iterator[Path]:

@@ -12,11 +12,11 @@ import pytest
 from proto.topology import Topology
 from services.gateway.intake import Intake
 from services.worker.scenes import SceneCache
-from shared import config
-from shared.config import Settings
-from shared.errors import ConfigError
-from shared.retry import RetryPolicy
-from shared.runtime import topology_for
+from shared.core import config
+from shared.core.config import Settings
+from shared.core.errors import ConfigError
+from shared.core.retry import RetryPolicy
+from shared.service.runtime import topology_for
 
 BASE = {
     "TESSERA_NATS_URL": "nats://127.0.0.1:4222",
@@ -132,7 +132,9 @@ def test_every_knob_is_read_from_its_variable(group: str, f: dataclasses.Field[A
 
 def test_operations_md_names_every_variable_from_env_reads() -> None:
     table = config.documented_table((REPO / "docs" / "operations.md").read_text())
-    assert table == config.knob_table(), "stale: run python -m shared.config docs/operations.md"
+    assert table == config.knob_table(), (
+        "stale: run python -m shared.core.config docs/operations.md"
+    )
     documented = set(re.findall(r"^\| `(TESSERA_[A-Z0-9_]+)`", table, re.MULTILINE))
     read_in_source = set(re.findall(r"TESSERA_[A-Z0-9_]+", Path(config.__file__).read_text()))
     assert documented == config.variables() == read_in_source

@@ -1,6 +1,6 @@
 """Exhaustive tests of the job and tile state machines against explicit tables.
 
-The expected tables are written out here by hand, independently of ``shared.lifecycle``'s own
+The expected tables are written out here by hand, independently of ``shared.core.lifecycle``'s own
 construction: every (state, event) pair is checked, legal ones land where the grid says, the
 rest raise ``IllegalTransition``.
 """
@@ -11,8 +11,8 @@ import itertools
 
 import pytest
 
-from shared.errors import TerminalError
-from shared.lifecycle import (
+from shared.core.errors import TerminalError
+from shared.core.lifecycle import (
     TERMINAL_JOB_STATES,
     TERMINAL_TILE_STATES,
     IllegalTransition,

@@ -29,7 +29,7 @@ from proto.names import new_job_id
 from services import cli
 from services.client.api import GatewayUnavailable, TesseraClient
 from services.gateway.app import Gateway
-from shared.runtime import Runtime
+from shared.service.runtime import Runtime
 from tests.e2e.conftest import client, e2e_env, e2e_settings, services  # noqa: F401  (fixtures)
 from tests.gateway.conftest import gateway, runtime  # noqa: F401  (fixtures)
 from tests.harness import ServiceProcesses

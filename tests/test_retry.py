@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.retry import RetryPolicy, backoff
+from shared.core.retry import RetryPolicy, backoff
 
 
 def test_backoff_doubles_up_to_the_cap() -> None:

@@ -12,9 +12,9 @@ import asyncpg
 import nats
 import pytest
 
-from services.local import ServiceProcesses
-from shared.procs import ManagedProcess, StackError, wait_for
-from shared.stack import NatsServer, SeaweedS3, Stack
+from services.cli.local import ServiceProcesses
+from shared.devstack.procs import ManagedProcess, StackError, wait_for
+from shared.devstack.stack import NatsServer, SeaweedS3, Stack
 from tests.helpers import eventually_sync, pid_alive
 
 
@@ -131,7 +131,7 @@ def test_nothing_survives_a_sigkilled_supervisor(server_dir: Path) -> None:
     script = textwrap.dedent(
         f"""
         import pathlib, sys, time
-        from shared.stack import Stack
+        from shared.devstack.stack import Stack
         stack = Stack(pathlib.Path({str(server_dir)!r}), s3=True, durable=False).start()
         print(" ".join(map(str, stack.pids())), flush=True)
         time.sleep(120)

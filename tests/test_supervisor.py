@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from shared.procs import ManagedProcess, wait_for
-from shared.retry import RetryPolicy
-from shared.supervisor import Child, RestartLimits, Supervisor
+from shared.core.retry import RetryPolicy
+from shared.devstack.procs import ManagedProcess, wait_for
+from shared.devstack.supervisor import Child, RestartLimits, Supervisor
 from tests.helpers import pid_alive
 
 FAST = RetryPolicy(base=0.01, cap=1.0, jitter=0.0)

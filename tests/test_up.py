@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from services.cli import main as cli_main
-from services.local import run_demo
+from services.cli.local import run_demo
 from tests.helpers import eventually_sync, pid_alive
 
 #: a tile that takes long enough to be caught mid-render, checkpointed every half second

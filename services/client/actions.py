@@ -23,8 +23,8 @@ from proto.limits import Scene, frame_range
 from services.client import output
 from services.client.session import EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, CommandFailed, Session
 from services.client.watch import watch_jobs
-from shared.errors import DecodeError, ValidationError
-from shared.lifecycle import JobState
+from shared.core.errors import DecodeError, ValidationError
+from shared.core.lifecycle import JobState
 
 __all__ = ["load_scene", "parse_frames", "submit_requests"]
 

@@ -33,8 +33,8 @@ from proto.api import ResultKind, SubmitRequest
 from proto.limits import MAX_REQUEST_BYTES
 from proto.names import ApiVerb, Names
 from proto.replies import ApiError, ErrorCode, decode_reply
-from shared.errors import DecodeError, StoreUnavailable, ValidationError
-from shared.lifecycle import JobState
+from shared.core.errors import DecodeError, StoreUnavailable, ValidationError
+from shared.core.lifecycle import JobState
 from shared.objectstore import CorruptObject, sha256_hex
 
 __all__ = [

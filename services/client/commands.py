@@ -35,7 +35,7 @@ from services.client import actions, recovery
 from services.client.api import DEFAULT_TIMEOUT
 from services.client.argtypes import positive_float
 from services.client.session import Session, run_command
-from shared.lifecycle import JobState
+from shared.core.lifecycle import JobState
 
 __all__ = ["EPILOG", "register"]
 

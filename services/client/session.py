@@ -19,9 +19,9 @@ from nats.aio.client import Client as NATS
 from proto.names import Names
 from proto.replies import ApiError, ErrorCode
 from services.client.api import RequestTooLarge, TesseraClient
-from shared.config import Settings
-from shared.errors import ConfigError, RetryableError, TesseraError
-from shared.jetstream import connect_nats
+from shared.core.config import Settings
+from shared.core.errors import ConfigError, RetryableError, TesseraError
+from shared.nats.jetstream import connect_nats
 
 __all__ = [
     "EXIT_API_ERROR",

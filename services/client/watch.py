@@ -19,7 +19,7 @@ from proto.names import EventKind
 from services.client.api import TesseraClient
 from services.client.output import percent
 from services.client.session import EXIT_JOB_FAILED, EXIT_OK
-from shared.lifecycle import TERMINAL_JOB_STATES, JobState
+from shared.core.lifecycle import TERMINAL_JOB_STATES, JobState
 
 __all__ = ["MIN_REFRESH", "ProgressBars", "watch_jobs"]
 

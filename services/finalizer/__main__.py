@@ -6,9 +6,9 @@ import asyncio
 import sys
 
 from proto import names as n
-from services.consume import consume
 from services.finalizer.assemble import Finalizer
-from shared.runtime import Runtime, service_main
+from shared.service.consume import consume
+from shared.service.runtime import Runtime, service_main
 
 
 async def run(rt: Runtime, stop: asyncio.Event) -> None:

@@ -22,19 +22,19 @@ import kernel.image  # numpy and Pillow load at start-up, not in the first final
 from kernel.rect import Rect
 from proto import names as n
 from proto.messages import JobEvent, TileDone
-from services.announce import announce, fail_job
 from services.finalizer.cache import ReadAhead, Result
-from services.settle import ACK, DeadLetter, Delivery, Outcome, Retry, outcome_of, settle
-from services.worker.heartbeat import Heartbeat
-from shared import crash
-from shared.errors import DecodeError, NotFoundError, RetryableError, TerminalError
-from shared.leases import LeaseOwner
-from shared.lifecycle import IllegalTransition, JobState, JobTrigger
-from shared.logs import Log
+from shared.core import crash
+from shared.core.errors import DecodeError, NotFoundError, RetryableError, TerminalError
+from shared.core.lifecycle import IllegalTransition, JobState, JobTrigger
+from shared.core.tiles import Accumulator, assemble, fits, from_npy, load_npy
 from shared.metadata import Job, Tile
+from shared.nats.leases import LeaseOwner
 from shared.objectstore import CorruptObject, render_key, sha256_hex
-from shared.runtime import Runtime
-from shared.tiles import Accumulator, assemble, fits, from_npy, load_npy
+from shared.service.announce import announce, fail_job
+from shared.service.heartbeat import Heartbeat
+from shared.service.logs import Log
+from shared.service.runtime import Runtime
+from shared.service.settle import ACK, DeadLetter, Delivery, Outcome, Retry, outcome_of, settle
 
 __all__ = ["Finalizer", "ImageCorrupt", "ResultLost"]
 

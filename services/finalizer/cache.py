@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import NamedTuple
 
-from shared.tiles import Accumulator
+from shared.core.tiles import Accumulator
 
 __all__ = ["ReadAhead", "Result"]
 

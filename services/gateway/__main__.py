@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from services.gateway.app import run
-from shared.runtime import service_main
+from shared.service.runtime import service_main
 
 
 def main() -> int:

@@ -35,10 +35,10 @@ from services.gateway.dlq import DlqHandlers
 from services.gateway.handlers import Handlers
 from services.gateway.intake import Intake, Lane
 from services.gateway.results import ResultHandlers
-from services.ops.requeue import Requeuer
-from shared.errors import RetryableError, TesseraError
-from shared.jetstream import connect_nats
-from shared.runtime import Runtime
+from shared.core.errors import RetryableError, TesseraError
+from shared.nats.jetstream import connect_nats
+from shared.service.requeue import Requeuer
+from shared.service.runtime import Runtime
 
 __all__ = ["CHECKER_MODULES", "Gateway", "Handler", "freeze_heap", "run"]
 

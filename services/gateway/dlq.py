@@ -5,11 +5,11 @@ so listing needs no consumer and leaves nothing behind; the cursor of a page is 
 sequence it showed.
 
 ``dlq.requeue`` walks the matching letters oldest first and hands each to
-:class:`services.ops.requeue.Requeuer`, which moves the tile (and its job) out of
+:class:`shared.service.requeue.Requeuer`, which moves the tile (and its job) out of
 ``dead_lettered`` in the metadata store — otherwise the republished message would be acked
 unprocessed by the first worker that sees the terminal job — republishes under a new generation,
 and only then deletes the letter. Requeues are paced at ``rate`` per second
-(:class:`services.ops.pacing.Pacer`), so a replay cannot start a retry storm; the reply comes
+(:class:`shared.service.pacing.Pacer`), so a replay cannot start a retry storm; the reply comes
 when all are done, so a client waits about ``count / rate`` seconds. ``dry_run`` only plans:
 it writes nothing and reports, per letter, what would happen and why.
 
@@ -51,11 +51,11 @@ from proto.limits import MAX_REPLY_BYTES, MAX_VIEW_ERROR
 from proto.messages import DeadLetter
 from proto.names import DLQ_UNIT_JOB, STREAM_DLQ, Names
 from services.gateway.views import iso, within_budget
-from services.ops.pacing import Pacer
-from services.ops.requeue import SKIP, Plan, Requeuer
-from shared.errors import DecodeError, NotFoundError, TerminalError, ValidationError
-from shared.jetstream import retry_transient
-from shared.logs import Log
+from shared.core.errors import DecodeError, NotFoundError, TerminalError, ValidationError
+from shared.nats.jetstream import retry_transient
+from shared.service.logs import Log
+from shared.service.pacing import Pacer
+from shared.service.requeue import SKIP, Plan, Requeuer
 
 __all__ = ["DlqHandlers", "dead_letter_detail", "dead_letter_view"]
 

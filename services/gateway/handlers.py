@@ -1,7 +1,7 @@
 """The job verbs: submit, status, list, cancel, retry.
 
 Each handler takes the raw request (body and headers) and returns its verb's reply schema
-(:mod:`proto.api_replies`), or raises a :class:`~shared.errors.TesseraError` that
+(:mod:`proto.api_replies`), or raises a :class:`~shared.core.errors.TesseraError` that
 :func:`proto.replies.reply_for_exception` turns into the error reply. Everything that can refuse
 a request (decoding, limits, the kernel's scene validation) runs before the first write, so a
 refused request writes nothing.
@@ -29,14 +29,14 @@ from proto.names import EventKind, Names, event_msg_id, job_msg_id, new_job_id
 from services.gateway.intake import Intake
 from services.gateway.scenes import check_submission, check_submission_sync
 from services.gateway.views import job_status, job_summary
-from shared.errors import NotFoundError
-from shared.jetstream import publish
-from shared.lifecycle import IllegalTransition, JobState
-from shared.logs import Log
+from shared.core.errors import NotFoundError
+from shared.core.lifecycle import IllegalTransition, JobState
 from shared.metadata import MetadataStore
 from shared.metadata.jobs import MAX_LIST
 from shared.metadata.models import Job, NewJob
-from shared.metrics import Metrics
+from shared.nats.jetstream import publish
+from shared.service.logs import Log
+from shared.service.metrics import Metrics
 
 __all__ = ["Handlers", "new_job_for", "prepare_submission"]
 

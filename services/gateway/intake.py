@@ -22,7 +22,7 @@ whatever they cost to serve. It does, by deciding at once for every request:
   parallelism, within :data:`MIN_RETRY_AFTER`..:data:`MAX_RETRY_AFTER`). Nothing was decoded or
   written, so the client may send it again as is (``tessera`` does, within ``--timeout``).
 
-The sizes are the gateway's settings (:class:`~shared.config.GatewaySettings`,
+The sizes are the gateway's settings (:class:`~shared.core.config.GatewaySettings`,
 ``TESSERA_GATEWAY_*``).
 
 The client library's buffer per subscription (:meth:`Intake.pending_limits`) only has to hold
@@ -41,8 +41,8 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from shared.config import GatewaySettings
-from shared.errors import StoreUnavailable
+from shared.core.config import GatewaySettings
+from shared.core.errors import StoreUnavailable
 
 __all__ = ["MAX_RETRY_AFTER", "MIN_RETRY_AFTER", "Intake", "Lane"]
 

@@ -21,8 +21,8 @@ from datetime import UTC, datetime, timedelta
 from proto.api import ResultKind, ResultRequest, decode_request
 from proto.api_replies import ResultReply
 from services.gateway.views import iso
-from shared.errors import NotFoundError, StoreUnavailable, ValidationError
-from shared.lifecycle import IllegalTransition, JobState
+from shared.core.errors import NotFoundError, StoreUnavailable, ValidationError
+from shared.core.lifecycle import IllegalTransition, JobState
 from shared.metadata import MetadataStore
 from shared.metadata.models import Job
 from shared.objectstore import ObjectStore, render_sha256, sha256_hex

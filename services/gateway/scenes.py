@@ -1,8 +1,8 @@
 """Scene checks before anything is written: builtin lookup, kernel validation, input hash.
 
 The kernel owns the scene format; the gateway only translates its verdict: an unknown builtin or
-a :class:`kernel.SceneError` becomes :class:`~shared.errors.ValidationError` (reply ``invalid``)
-carrying the kernel's message, which names the field and the limit.
+a :class:`kernel.SceneError` becomes :class:`~shared.core.errors.ValidationError` (reply
+``invalid``) carrying the kernel's message, which names the field and the limit.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import kernel.hashing  # numpy loads at start-up, not in the first submit
 from proto.api import SubmitRequest
 from proto.limits import Scene
-from shared.errors import ValidationError
+from shared.core.errors import ValidationError
 
 __all__ = ["CheckedScene", "check_submission", "check_submission_sync", "resolve_scene"]
 

@@ -6,12 +6,12 @@ import asyncio
 import sys
 
 from proto import names as n
-from services.consume import consume
-from services.ops.collector import StreamCollector
+from services.scheduler.collector import StreamCollector
 from services.scheduler.exhausted import Exhausted
 from services.scheduler.planner import Planner
 from services.scheduler.sweeper import Sweeper
-from shared.runtime import Runtime, service_main
+from shared.service.consume import consume
+from shared.service.runtime import Runtime, service_main
 
 
 async def run(rt: Runtime, stop: asyncio.Event) -> None:

@@ -15,13 +15,13 @@ from nats.js.errors import NotFoundError as StreamMsgNotFound
 
 from proto import names as n
 from proto.messages import JobMessage, TileDone, TileMessage
-from services.announce import fail_job
-from services.deadletter import dead_letter_raw
-from services.settle import ACK, Delivery, Outcome, outcome_of, settle
-from shared.errors import DecodeError, RetryableError
-from shared.lifecycle import JobTrigger, TileTrigger, is_terminal
+from shared.core.errors import DecodeError, RetryableError
+from shared.core.lifecycle import JobTrigger, TileTrigger, is_terminal
 from shared.metadata import AttemptOutcome
-from shared.runtime import Runtime
+from shared.service.announce import fail_job
+from shared.service.deadletter import dead_letter_raw
+from shared.service.runtime import Runtime
+from shared.service.settle import ACK, Delivery, Outcome, outcome_of, settle
 
 __all__ = ["Exhausted"]
 

@@ -14,14 +14,14 @@ from nats.aio.msg import Msg
 
 from proto import names as n
 from proto.messages import JobMessage, TileDone, TileMessage
-from services.settle import ACK, Delivery, Outcome, Retry, outcome_of, settle
-from shared import crash
-from shared.errors import RetryableError, TerminalError
-from shared.jetstream import publish
-from shared.lifecycle import IllegalTransition, TileState, is_terminal
+from shared.core import crash
+from shared.core.errors import RetryableError, TerminalError
+from shared.core.lifecycle import IllegalTransition, TileState, is_terminal
+from shared.core.tiles import plan_rects
 from shared.metadata import Tile
-from shared.runtime import Runtime
-from shared.tiles import plan_rects
+from shared.nats.jetstream import publish
+from shared.service.runtime import Runtime
+from shared.service.settle import ACK, Delivery, Outcome, Retry, outcome_of, settle
 
 __all__ = ["Planner"]
 

@@ -6,7 +6,7 @@ import asyncio
 import sys
 
 from services.worker.loop import Worker
-from shared.runtime import Runtime, service_main
+from shared.service.runtime import Runtime, service_main
 
 
 async def run(rt: Runtime, stop: asyncio.Event) -> None:

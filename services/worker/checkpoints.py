@@ -14,13 +14,13 @@ from __future__ import annotations
 from kernel.rect import Rect
 from proto import names as n
 from services.worker.context import TileContext
-from shared import crash
-from shared.errors import DecodeError, NotFoundError, RetryableError, TerminalError
-from shared.leases import ProgressPointer
-from shared.logs import Log
+from shared.core import crash
+from shared.core.errors import DecodeError, NotFoundError, RetryableError, TerminalError
+from shared.core.tiles import Accumulator, from_npy, to_npy, zeros_for
 from shared.metadata import Job, Tile
+from shared.nats.leases import ProgressPointer
 from shared.objectstore import CorruptObject, checkpoint_key
-from shared.tiles import Accumulator, from_npy, to_npy, zeros_for
+from shared.service.logs import Log
 
 __all__ = ["Checkpoints"]
 

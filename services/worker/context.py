@@ -18,20 +18,20 @@ from typing import Protocol
 
 from proto import names as n
 from proto.messages import TileDone
-from services.announce import fail_job
 from services.worker.kernels import KernelThreads
 from services.worker.scenes import SceneCache
-from shared.config import LeaseSettings, WorkerSettings
-from shared.errors import TerminalError
-from shared.jetstream import publish
-from shared.leases import Leases, ProgressPointers
-from shared.lifecycle import JobTrigger, is_terminal
-from shared.logs import Log
+from shared.core.config import LeaseSettings, WorkerSettings
+from shared.core.errors import TerminalError
+from shared.core.lifecycle import JobTrigger, is_terminal
+from shared.core.retry import RetryPolicy
 from shared.metadata import Job, MetadataStore
-from shared.metrics import Metrics
+from shared.nats.jetstream import publish
+from shared.nats.leases import Leases, ProgressPointers
 from shared.objectstore import ObjectStore
-from shared.retry import RetryPolicy
-from shared.runtime import Runtime
+from shared.service.announce import fail_job
+from shared.service.logs import Log
+from shared.service.metrics import Metrics
+from shared.service.runtime import Runtime
 
 __all__ = ["JobCache", "NatsTileEvents", "StopReason", "StopView", "TileContext", "TileEvents"]
 
@@ -114,7 +114,7 @@ class NatsTileEvents:
         self.rt.metrics.published(ack)
 
     async def job_failed(self, job_id: str, error: TerminalError) -> None:
-        """:func:`~services.announce.fail_job` by ``terminal_failure``."""
+        """:func:`~shared.service.announce.fail_job` by ``terminal_failure``."""
         trigger = JobTrigger.TERMINAL_FAILURE
         await fail_job(self.rt, job_id, trigger, code=error.code, error=str(error), log=self.log)
 

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import kernel.render  # numba loads when the worker starts, not on its first tile
 from kernel.rect import Rect
-from shared.tiles import Accumulator
+from shared.core.tiles import Accumulator
 
 __all__ = ["KernelThreads"]
 

@@ -8,14 +8,14 @@ from collections import OrderedDict
 from nats.aio.msg import Msg
 
 from proto import names as n
-from services.consume import consume
-from services.settle import Delivery
 from services.worker.context import JobCache, NatsTileEvents, StopView, TileContext
 from services.worker.kernels import KernelThreads
 from services.worker.scenes import SceneCache
 from services.worker.tile import TileRun
 from shared.metadata import Job
-from shared.runtime import Runtime
+from shared.service.consume import consume
+from shared.service.runtime import Runtime
+from shared.service.settle import Delivery
 
 __all__ = ["Worker"]
 

@@ -16,13 +16,13 @@ import kernel
 from kernel.rect import Rect
 from services.worker.checkpoints import Checkpoints
 from services.worker.context import StopReason, TileContext
-from services.worker.heartbeat import Heartbeat
 from services.worker.scenes import KernelFailure
-from shared.config import WorkerSettings
-from shared.errors import RetryableError
-from shared.logs import Log
+from shared.core.config import WorkerSettings
+from shared.core.errors import RetryableError
+from shared.core.tiles import Accumulator
 from shared.metadata import Job, Tile
-from shared.tiles import Accumulator
+from shared.service.heartbeat import Heartbeat
+from shared.service.logs import Log
 
 __all__ = ["Finished", "Render", "Stalled", "Stopped", "pass_size"]
 

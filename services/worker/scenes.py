@@ -10,8 +10,8 @@ from concurrent.futures import Executor
 import numpy as np
 
 import kernel.flatten  # numba loads when the worker starts, not on its first scene
-from shared.config import WorkerSettings
-from shared.errors import TerminalError
+from shared.core.config import WorkerSettings
+from shared.core.errors import TerminalError
 from shared.metadata import Job
 
 __all__ = ["KernelFailure", "SceneCache", "settings_of"]

@@ -10,8 +10,8 @@
 6. write the result (content-addressed), commit it **fenced**;
 7. publish tile-done, clean up, release the lease, **then ack**.
 
-Every step ends in a typed outcome (:mod:`services.settle`) and :meth:`TileRun.run` settles the
-message once: success → ack, retryable → ``nak(delay)``, terminal → DLQ copy + ``term()``, lease
+Every step ends in a typed outcome (:mod:`shared.service.settle`) and :meth:`TileRun.run` settles
+the message once: success → ack, retryable → ``nak(delay)``, terminal → DLQ copy + ``term()``, lease
 lost or fenced → nothing (the new owner holds the message's fate), hand-back on shutdown →
 checkpoint + ``nak``. The run is handed a :class:`~services.worker.context.TileContext` by its
 worker and never calls back into it.
@@ -28,7 +28,18 @@ from dataclasses import replace
 
 from proto import names as n
 from proto.messages import TileDone, TileMessage
-from services.settle import (
+from services.worker.checkpoints import Checkpoints
+from services.worker.context import StopReason, TileContext
+from services.worker.render import Finished, Render, Stopped, pass_size
+from shared.core import crash
+from shared.core.errors import DecodeError, RetryableError, TerminalError, TesseraError
+from shared.core.lifecycle import IllegalTransition, TileState, TileTrigger, is_terminal
+from shared.core.tiles import Accumulator, to_npy
+from shared.metadata import AttemptOutcome, CommitOutcome, Job, Tile, TileCommit
+from shared.nats.leases import Lease, LeaseOwner
+from shared.objectstore import tile_result_key
+from shared.service.heartbeat import Heartbeat
+from shared.service.settle import (
     ACK,
     HAND_BACK,
     DeadLetter,
@@ -39,17 +50,6 @@ from services.settle import (
     outcome_of,
     settle,
 )
-from services.worker.checkpoints import Checkpoints
-from services.worker.context import StopReason, TileContext
-from services.worker.heartbeat import Heartbeat
-from services.worker.render import Finished, Render, Stopped, pass_size
-from shared import crash
-from shared.errors import DecodeError, RetryableError, TerminalError, TesseraError
-from shared.leases import Lease, LeaseOwner
-from shared.lifecycle import IllegalTransition, TileState, TileTrigger, is_terminal
-from shared.metadata import AttemptOutcome, CommitOutcome, Job, Tile, TileCommit
-from shared.objectstore import tile_result_key
-from shared.tiles import Accumulator, to_npy
 
 __all__ = ["TileRun", "pass_size"]
 

@@ -7,11 +7,11 @@ finalization), ``job_events`` (the audit trail) and ``schema_migrations``.
 Rules the code keeps:
 
 - every state change is ``UPDATE ... WHERE state = $current`` with the new state from
-  :mod:`shared.lifecycle`, and its ``job_events`` row is written in the same transaction;
+  :mod:`shared.core.lifecycle`, and its ``job_events`` row is written in the same transaction;
 - an owner's writes are fenced: the lease's acquire revision is written with
   ``lease_fence < $token`` and every later write requires ``lease_fence = $token``;
 - asyncpg and socket errors never leave this package: they become
-  :class:`~shared.errors.StoreUnavailable` (retryable) or :class:`MetadataError` (terminal),
+  :class:`~shared.core.errors.StoreUnavailable` (retryable) or :class:`MetadataError` (terminal),
   see :mod:`shared.metadata.translate`.
 """
 

@@ -12,7 +12,7 @@ from typing import TypeAlias
 from asyncpg import Record
 from asyncpg.pool import PoolConnectionProxy
 
-from shared.errors import ValidationError
+from shared.core.errors import ValidationError
 from shared.metadata.models import Attempt, AttemptOutcome, AuditEvent
 
 Conn: TypeAlias = "PoolConnectionProxy[Record]"

@@ -10,7 +10,7 @@ import asyncpg
 import orjson
 from asyncpg import Record
 
-from shared.errors import ConfigError, StoreUnavailable
+from shared.core.errors import ConfigError, StoreUnavailable
 from shared.metadata.audit import Conn
 from shared.metadata.jobs import CasMiss
 from shared.metadata.migrate import apply_migrations, load_migrations

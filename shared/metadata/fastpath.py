@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shared.lifecycle import (
+from shared.core.lifecycle import (
     IllegalTransition,
     JobState,
     JobTrigger,

@@ -16,7 +16,7 @@ owner taking over, which the trail must show); repeated PROGRESS updates are not
 
 from __future__ import annotations
 
-from shared.lifecycle import (
+from shared.core.lifecycle import (
     IllegalTransition,
     JobState,
     JobTrigger,

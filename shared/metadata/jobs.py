@@ -2,7 +2,7 @@
 
 Every function runs on the caller's connection inside the caller's transaction. A state change
 is always ``UPDATE ... WHERE job_id = $1 AND state = $current``, with the new state computed by
-:func:`shared.lifecycle.transition_job`; when that matches no row a concurrent writer moved
+:func:`shared.core.lifecycle.transition_job`; when that matches no row a concurrent writer moved
 first and :class:`CasMiss` makes the store rerun the whole transaction from a fresh read.
 Self-loops (the machine returns the current state) write nothing and are not audited.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from shared.errors import ConflictError, NotFoundError, ValidationError
-from shared.lifecycle import (
+from shared.core.errors import ConflictError, NotFoundError, ValidationError
+from shared.core.lifecycle import (
     TERMINAL_JOB_STATES,
     IllegalTransition,
     JobState,

@@ -8,7 +8,7 @@ files and the others wait, then find nothing to do. The pending files and their
 a crash mid-migration leaves the previous version, never half of one.
 
 ``schema_migrations`` records each version once with the sha256 of its file; a file that
-changed after it was applied is a :class:`~shared.errors.ConfigError` (add a new migration
+changed after it was applied is a :class:`~shared.core.errors.ConfigError` (add a new migration
 instead). A database newer than this code (a rolling upgrade) is accepted as it is.
 """
 
@@ -22,7 +22,7 @@ from importlib import resources
 from asyncpg import Record
 from asyncpg.pool import PoolConnectionProxy
 
-from shared.errors import ConfigError
+from shared.core.errors import ConfigError
 
 #: ``pg_advisory_xact_lock`` key of schema migrations (ASCII "tessera\0"); one per database
 MIGRATION_LOCK_KEY = 0x7465737365726100

@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 from asyncpg import Record
 
 from kernel.rect import Rect
-from shared.errors import ValidationError
-from shared.lifecycle import JobState, TileState
+from shared.core.errors import ValidationError
+from shared.core.lifecycle import JobState, TileState
 
 SUBMIT_TRIGGER = "submit"
 """The ``trigger`` of a job's first audit row (``NULL → queued``); not a lifecycle event."""

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from shared.lifecycle import (
+from shared.core.lifecycle import (
     IllegalTransition,
     JobState,
     TileState,
@@ -67,7 +67,7 @@ class OpsStore:
         transaction with its job: a job in ``dead_lettered``/``failed_terminal`` is RETRYed
         back to ``queued`` (generation + 1); a live job is left as it is. Both moves are
         audited. A tile in any other state, or a completed/cancelled job, raises
-        :class:`~shared.lifecycle.IllegalTransition` and changes nothing."""
+        :class:`~shared.core.lifecycle.IllegalTransition` and changes nothing."""
         who = Who(node, detail="dlq requeue")
         return await self._db._tx("requeue_tile", lambda c: _requeue(c, job_id, tile_index, who))
 

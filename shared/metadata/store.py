@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import asyncpg
 from asyncpg import Record
 
-from shared.lifecycle import JobState, JobTrigger, TileState, TileTrigger, tile_legal_events
+from shared.core.lifecycle import JobState, JobTrigger, TileState, TileTrigger, tile_legal_events
 from shared.metadata import audit, fastpath, fencing, jobs, tiles
 from shared.metadata.audit import Conn, Who
 from shared.metadata.base import StoreBase
@@ -41,9 +41,9 @@ class MetadataStore(StoreBase):
     """Jobs, tiles, attempts and the audit trail in PostgreSQL.
 
     Every method runs in one transaction, translates asyncpg errors into
-    :class:`~shared.errors.StoreUnavailable` (retryable) or a terminal error, and moves states
-    only through :mod:`shared.lifecycle`: an illegal move raises
-    :class:`~shared.lifecycle.IllegalTransition` and changes nothing. The operator queries and
+    :class:`~shared.core.errors.StoreUnavailable` (retryable) or a terminal error, and moves states
+    only through :mod:`shared.core.lifecycle`: an illegal move raises
+    :class:`~shared.core.lifecycle.IllegalTransition` and changes nothing. The operator queries and
     the one-tile requeue are :attr:`ops` (an :class:`~shared.metadata.ops.OpsStore` on the
     same pool).
     """
@@ -58,7 +58,7 @@ class MetadataStore(StoreBase):
         """Create the job for ``new.idempotency_key`` or return the existing one.
 
         ``created`` is False for a repeat; a repeat with another fingerprint raises
-        :class:`~shared.errors.ConflictError` naming the key.
+        :class:`~shared.core.errors.ConflictError` naming the key.
         """
         return await self._tx("submit_job", lambda c: jobs.insert_job(c, new, Who()))
 
@@ -143,7 +143,7 @@ class MetadataStore(StoreBase):
         """FINALIZED with the result columns, in one transaction.
 
         Already completed with the same sha256: returned unchanged. With another sha256:
-        :class:`~shared.errors.ConflictError`.
+        :class:`~shared.core.errors.ConflictError`.
         """
         who = Who(node, attempt_id)
 

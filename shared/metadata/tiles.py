@@ -11,8 +11,8 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from kernel.rect import Rect
-from shared.errors import ConflictError, NotFoundError, ValidationError
-from shared.lifecycle import (
+from shared.core.errors import ConflictError, NotFoundError, ValidationError
+from shared.core.lifecycle import (
     TERMINAL_JOB_STATES,
     TERMINAL_TILE_STATES,
     IllegalTransition,

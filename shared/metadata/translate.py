@@ -30,7 +30,7 @@ from contextlib import contextmanager
 
 import asyncpg
 
-from shared.errors import StoreUnavailable, TerminalError, TesseraError
+from shared.core.errors import StoreUnavailable, TerminalError, TesseraError
 
 _RETRYABLE_CLASSES = ("08", "40", "53", "58")
 _RETRYABLE_STATES = frozenset({"57P01", "57P02", "57P03", "57014", "55P03", "25006"})

@@ -15,8 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shared.config import ObjectStoreSettings
-from shared.errors import ConfigError
+from shared.core.config import ObjectStoreSettings
+from shared.core.errors import ConfigError
 from shared.objectstore.base import (
     CorruptObject,
     ObjectInfo,

@@ -1,6 +1,6 @@
 """The object store interface, its errors, and key/checksum validation shared by the adapters.
 
-Errors (beyond :mod:`shared.errors`)::
+Errors (beyond :mod:`shared.core.errors`)::
 
     RetryableError
     ├── StoreUnavailable      the store did not answer (connection, timeout, 5xx, SlowDown, EIO)
@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from types import TracebackType
 
-from shared.errors import RetryableError, TerminalError, ValidationError
+from shared.core.errors import RetryableError, TerminalError, ValidationError
 
 MAX_KEY = 512
 _PART = r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}"

@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from shared.errors import NotFoundError, StoreUnavailable, ValidationError
+from shared.core.errors import NotFoundError, StoreUnavailable, ValidationError
 from shared.objectstore.base import (
     ObjectInfo,
     ObjectStore,

@@ -14,7 +14,7 @@ Content-addressed keys make racing writers harmless: they write the same bytes.
 from __future__ import annotations
 
 from proto.names import check_index, check_token
-from shared.errors import ValidationError
+from shared.core.errors import ValidationError
 from shared.objectstore.base import SHA256_RE, check_sha256
 
 RENDER_EXTENSIONS = frozenset({"png", "npy"})

@@ -30,8 +30,8 @@ from botocore.exceptions import (
     PartialCredentialsError,
 )
 
-from shared.config import ObjectStoreSettings
-from shared.errors import (
+from shared.core.config import ObjectStoreSettings
+from shared.core.errors import (
     ConfigError,
     NotFoundError,
     StoreUnavailable,

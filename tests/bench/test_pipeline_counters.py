@@ -20,9 +20,9 @@ from bench.counters import (
 )
 from bench.pipeline import timed_job, with_services
 from proto.api import SubmitRequest
-from shared.config import Settings
-from shared.jetstream import connect_nats
-from shared.stack import Stack
+from shared.core.config import Settings
+from shared.devstack.stack import Stack
+from shared.nats.jetstream import connect_nats
 
 
 @pytest.fixture

@@ -29,8 +29,8 @@ from proto import names as n
 from proto.api import SubmitRequest
 from proto.replies import ApiError, ErrorCode
 from services.client.api import GatewayUnavailable, TesseraClient
-from shared.config import Settings
-from shared.errors import RetryableError
+from shared.core.config import Settings
+from shared.core.errors import RetryableError
 from shared.metadata import MetadataStore
 from shared.objectstore import ObjectStore, open_object_store
 from tests.e2e.flows import TERMINAL

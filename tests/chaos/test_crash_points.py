@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from shared import crash
+from shared.core import crash
 from tests.chaos.conftest import record
 from tests.chaos.invariants import check_job, summary_row
 from tests.chaos.rig import open_rig, tiny

@@ -11,7 +11,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from shared.stack import (
+from shared.devstack.stack import (
     S3_ACCESS_KEY,
     S3_BUCKET,
     S3_SECRET_KEY,

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from shared import crash
+from shared.core import crash
 from tests.chaos.invariants import JobReport, check_job
 from tests.chaos.rig import DUPLICATE_MESSAGES, Rig, open_rig, tiny
 from tests.chaos.table import render_table

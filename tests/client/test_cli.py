@@ -15,10 +15,10 @@ from proto.names import new_job_id
 from services import cli
 from services.client.commands import EPILOG
 from services.gateway.app import Gateway
-from shared.lifecycle import JobTrigger
+from shared.core.lifecycle import JobTrigger
+from shared.devstack.procs import free_port
 from shared.objectstore import open_object_store, sha256_hex
-from shared.procs import free_port
-from shared.runtime import Runtime
+from shared.service.runtime import Runtime
 from tests.client.conftest import CliRunner
 
 SMALL = ("--width", "64", "--height", "48", "--spp", "4", "--tile", "16", "--project", "cli")

@@ -14,10 +14,10 @@ from nats.aio.client import Client as NATS
 
 from proto.names import Names
 from services.client.api import TesseraClient
-from shared import natsauth
-from shared.config import Settings
-from shared.jetstream import connect_nats
-from shared.stack import NatsServer
+from shared.core.config import Settings
+from shared.devstack import natsauth
+from shared.devstack.stack import NatsServer
+from shared.nats.jetstream import connect_nats
 from tests.e2e.conftest import db, e2e_env, e2e_settings, objects  # noqa: F401 - fixtures
 from tests.harness import ServiceProcesses
 

@@ -9,12 +9,12 @@ import pytest
 
 from proto import names as n
 from services.client.api import TesseraClient
-from shared import natsauth
-from shared.config import Settings
-from shared.errors import StoreUnavailable
-from shared.jetstream import connect_nats, redact_url
+from shared.core.config import Settings
+from shared.core.errors import StoreUnavailable
+from shared.devstack import natsauth
+from shared.devstack.procs import free_port
+from shared.nats.jetstream import connect_nats, redact_url
 from shared.objectstore import ObjectStore
-from shared.procs import free_port
 from tests.deploy.conftest import REPO, AuthNats
 from tests.e2e.conftest import reference_png
 from tests.e2e.flows import request, result_bytes, settle, submit
@@ -43,7 +43,7 @@ def _violations(caplog: pytest.LogCaptureFixture) -> list[str]:
 async def test_a_worker_cannot_call_the_api_and_a_denial_is_logged_loudly(
     auth_nats: AuthNats, e2e_settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.ERROR, logger="shared.jetstream")
+    caplog.set_level(logging.ERROR, logger="shared.nats.jetstream")
     names = n.Names(e2e_settings.deployment.namespace)
     nc = await auth_nats.connect("worker", e2e_settings)
     try:
@@ -71,7 +71,7 @@ async def test_a_client_cannot_read_the_lease_bucket(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     auth_services.wait_started(auth_services.start("scheduler"))  # the buckets exist
-    caplog.set_level(logging.ERROR, logger="shared.jetstream")
+    caplog.set_level(logging.ERROR, logger="shared.nats.jetstream")
     names = n.Names(e2e_settings.deployment.namespace)
     bucket = names.bucket(n.BUCKET_LEASES)
     nc = await auth_nats.connect("client", e2e_settings)
@@ -114,7 +114,7 @@ def test_the_committed_server_config_is_the_generated_one() -> None:
     refs = {r: natsauth.EnvRef(f"TESSERA_NATS_PASSWORD_{r.upper()}") for r in natsauth.ROLES}
     committed = (REPO / "deploy" / "nats" / "tessera-auth.conf").read_text()
     assert committed == natsauth.render_config(refs), (
-        "regenerate deploy/nats/tessera-auth.conf: python -m shared.natsauth > ..."
+        "regenerate deploy/nats/tessera-auth.conf: python -m shared.devstack.natsauth > ..."
     )
 
 

@@ -19,12 +19,12 @@ from nats.js.errors import APIError
 
 from proto import names as n
 from services.client.api import TesseraClient
-from shared.config import Settings
-from shared.jetstream import connect_nats
+from shared.core.config import Settings
+from shared.devstack.procs import free_port
+from shared.devstack.stack import HOST, NatsServer
 from shared.metadata import MetadataStore
+from shared.nats.jetstream import connect_nats
 from shared.objectstore import ObjectStore
-from shared.procs import free_port
-from shared.stack import HOST, NatsServer
 from tests.e2e.conftest import reference_png
 from tests.e2e.flows import request, result_bytes, settle, submit
 from tests.harness import ServiceProcesses

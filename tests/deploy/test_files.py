@@ -1,7 +1,7 @@
 """The deploy files, validated by parsing (no Docker engine or cluster here).
 
 Dockerfile, compose.yaml and k8s/ are checked against what the code accepts: every command is a
-``tessera`` subcommand, every ``TESSERA_*`` variable is one :mod:`shared.config` reads, every
+``tessera`` subcommand, every ``TESSERA_*`` variable is one :mod:`shared.core.config` reads, every
 service gets the required ones (and ``Settings.from_env`` accepts the result), and names,
 labels, ports, Secrets and ConfigMaps refer to things that exist.
 """
@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 import yaml
 
-import shared.config
+import shared.core.config
 from proto import names as n
 from proto.limits import NATS_MAX_PAYLOAD, NATS_MAX_PENDING
 from services.cli import SERVICES, build_parser
-from shared import natsauth
-from shared.config import Settings, variables
+from shared.core.config import Settings, variables
+from shared.devstack import natsauth
 from tests.deploy.conftest import REPO
 
 REQUIRED = {"TESSERA_NATS_URL", "TESSERA_DATABASE_URL", "TESSERA_OBJECT_STORE"}
@@ -36,8 +36,8 @@ COMPOSE_SERVICE = {
 
 
 def known_variables() -> set[str]:
-    """Every TESSERA_* name shared/config.py reads: literals in its source + every knob's."""
-    source = Path(shared.config.__file__).read_text()
+    """Every TESSERA_* name shared/core/config.py reads: literals in its source + every knob's."""
+    source = Path(shared.core.config.__file__).read_text()
     literals = set(re.findall(r"TESSERA_[A-Z0-9_]+", source))
     return literals | variables()
 
@@ -177,7 +177,7 @@ def test_compose_tessera_services_are_cli_commands_with_complete_settings(
         assert f"TESSERA_NATS_PASSWORD_{role.upper()}" in nats_env
         needs = svc["depends_on"]
         assert {"nats", "postgres"} <= set(needs)
-        if role != "scheduler":  # the topology owner declares first (shared/natsauth.py)
+        if role != "scheduler":  # the topology owner declares first (shared/devstack/natsauth.py)
             assert needs["scheduler"]["condition"] == "service_healthy"
     assert services["worker"]["deploy"]["replicas"] >= 2
 

@@ -10,10 +10,10 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from proto import names as n
-from proto.ensure import ensure_topology
 from proto.topology import Topology
-from shared.leases import Leases, ProgressPointers
-from shared.stack import Stack
+from shared.devstack.stack import Stack
+from shared.nats.ensure import ensure_topology
+from shared.nats.leases import Leases, ProgressPointers
 from tests.doubles.kv import MemoryBucket, MemoryLeases, MemoryPointers
 
 

@@ -1,8 +1,8 @@
 """Leases and progress pointers in memory: revisions monotonic across the bucket, fenced CAS.
 
-What :class:`shared.leases.Leases` and :class:`shared.leases.ProgressPointers` promise, without
-a server: one bucket-wide revision counter (so an acquire revision is a fencing token), create
-only over nothing, compare-and-set renew and release, a lease that expires when told to
+What :class:`shared.nats.leases.Leases` and :class:`shared.nats.leases.ProgressPointers` promise,
+without a server: one bucket-wide revision counter (so an acquire revision is a fencing token),
+create only over nothing, compare-and-set renew and release, a lease that expires when told to
 (:meth:`MemoryLeases.expire`, what the server's TTL does to an owner that stopped renewing).
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from shared.errors import LeaseLost
-from shared.leases import Lease, LeaseOwner, ProgressPointer, WrongLastSequence
+from shared.core.errors import LeaseLost
+from shared.nats.leases import Lease, LeaseOwner, ProgressPointer, WrongLastSequence
 
 
 class MemoryBucket:
@@ -29,7 +29,7 @@ class MemoryBucket:
 
 
 class MemoryLeases:
-    """The :class:`shared.leases.Leases` contract in memory."""
+    """The :class:`shared.nats.leases.Leases` contract in memory."""
 
     def __init__(self, ttl: int = 10, bucket: MemoryBucket | None = None) -> None:
         self.ttl = ttl
@@ -74,7 +74,7 @@ class MemoryLeases:
 
 
 class MemoryPointers:
-    """The :class:`shared.leases.ProgressPointers` contract in memory."""
+    """The :class:`shared.nats.leases.ProgressPointers` contract in memory."""
 
     def __init__(self, bucket: MemoryBucket | None = None) -> None:
         self.bucket = bucket or MemoryBucket()

@@ -7,8 +7,8 @@ import uuid
 
 import pytest
 
-from shared.errors import LeaseLost
-from shared.leases import LeaseOwner, ProgressPointer, WrongLastSequence
+from shared.core.errors import LeaseLost
+from shared.nats.leases import LeaseOwner, ProgressPointer, WrongLastSequence
 from tests.doubles.conftest import KV
 
 

@@ -14,7 +14,7 @@ import kernel
 from proto.api import SubmitRequest
 from proto.names import Names
 from services.client.api import TesseraClient
-from shared.config import Settings
+from shared.core.config import Settings
 from shared.metadata import MetadataStore
 from shared.objectstore import ObjectStore, open_object_store
 from tests.harness import ServiceProcesses

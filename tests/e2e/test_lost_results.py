@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from services.client.api import TesseraClient
-from shared.lifecycle import TileState
+from shared.core.lifecycle import TileState
 from shared.metadata import AttemptOutcome, MetadataStore
 from shared.objectstore import DirectoryStore, ObjectStore
 from tests.e2e.conftest import reference_png

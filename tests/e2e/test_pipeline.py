@@ -10,8 +10,8 @@ from nats.aio.client import Client as NATS
 from proto import names as n
 from proto.messages import TileMessage
 from services.client.api import TesseraClient
-from shared.config import Settings
-from shared.lifecycle import JobTrigger
+from shared.core.config import Settings
+from shared.core.lifecycle import JobTrigger
 from shared.metadata import MetadataStore
 from shared.objectstore import DirectoryStore, ObjectStore
 from tests.e2e.conftest import reference_png

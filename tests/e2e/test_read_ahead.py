@@ -18,11 +18,11 @@ from proto.messages import TileDone
 from services.client.api import TesseraClient
 from services.finalizer.assemble import Finalizer
 from services.finalizer.cache import Result
-from shared.config import Settings
-from shared.lifecycle import TileState
+from shared.core.config import Settings
+from shared.core.lifecycle import TileState
 from shared.metadata import MetadataStore
 from shared.objectstore import DirectoryStore, ObjectStore
-from shared.runtime import Runtime
+from shared.service.runtime import Runtime
 from tests.e2e.conftest import reference_png
 from tests.e2e.flows import request, result_bytes, submit
 from tests.harness import ServiceProcesses

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from services.client.api import TesseraClient, fetch_url
-from shared.config import Settings
+from shared.core.config import Settings
+from shared.devstack.stack import S3_ACCESS_KEY, S3_BUCKET, S3_SECRET_KEY, SeaweedS3
 from shared.objectstore import open_object_store, sha256_hex
-from shared.stack import S3_ACCESS_KEY, S3_BUCKET, S3_SECRET_KEY, SeaweedS3
 from tests.e2e.conftest import reference_png
 from tests.e2e.flows import request, settle, submit
 from tests.harness import ServiceProcesses

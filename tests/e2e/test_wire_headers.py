@@ -8,7 +8,7 @@ from nats.aio.msg import Msg
 from proto import names as n
 from proto.messages import JobEvent, JobMessage, TileDone, TileMessage
 from services.client.api import TesseraClient
-from shared.config import Settings
+from shared.core.config import Settings
 from tests.e2e.flows import request, settle, submit
 from tests.harness import ServiceProcesses
 from tests.helpers import eventually

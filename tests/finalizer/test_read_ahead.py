@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from services.finalizer.cache import ReadAhead, Result
-from shared.errors import DecodeError
-from shared.tiles import load_npy, to_npy
+from shared.core.errors import DecodeError
+from shared.core.tiles import load_npy, to_npy
 
 
 def _acc(nbytes: int) -> np.ndarray:

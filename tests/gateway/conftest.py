@@ -12,8 +12,8 @@ from nats.aio.client import Client as NATS
 from proto.names import STREAM_JOBS, ApiVerb, Names
 from services.client.api import TesseraClient
 from services.gateway.app import Gateway
-from shared.config import Settings
-from shared.runtime import Runtime
+from shared.core.config import Settings
+from shared.service.runtime import Runtime
 
 
 def body(**overrides: Any) -> dict[str, Any]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from proto.api import SubmitRequest
 from services.client.api import TesseraClient
-from shared.lifecycle import JobTrigger
+from shared.core.lifecycle import JobTrigger
 from shared.objectstore import render_key, sha256_hex
-from shared.runtime import Runtime
+from shared.service.runtime import Runtime
 from tests.gateway.conftest import body
 
 

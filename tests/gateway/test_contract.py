@@ -18,8 +18,8 @@ from proto.api_replies import VERB_REPLIES, field_docs, reply_fields
 from proto.names import ApiVerb, Names, new_job_id
 from services.client.api import TesseraClient
 from services.gateway.app import Gateway
-from shared.lifecycle import JobTrigger
-from shared.runtime import Runtime
+from shared.core.lifecycle import JobTrigger
+from shared.service.runtime import Runtime
 from tests.gateway.conftest import body
 from tests.gateway.results import completed_job
 from tests.gateway.test_dlq import _dead_letter

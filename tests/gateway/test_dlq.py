@@ -13,8 +13,8 @@ from proto.replies import ApiError
 from services.client.api import TesseraClient
 from services.gateway.app import Gateway
 from services.gateway.views import within_budget
-from shared.jetstream import publish
-from shared.runtime import Runtime
+from shared.nats.jetstream import publish
+from shared.service.runtime import Runtime
 
 
 async def _dead_letter(rt: Runtime, job_id: str, tile: int, source_seq: int) -> None:

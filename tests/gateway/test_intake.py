@@ -24,16 +24,16 @@ from proto.api import SubmitRequest
 from proto.limits import MAX_REQUEST_BYTES, NATS_MAX_PAYLOAD, NATS_MAX_PENDING
 from proto.names import ApiVerb, Names
 from proto.replies import ApiError, ErrorCode
+from services.cli.local import ServiceProcesses
 from services.client.api import RequestTooLarge, TesseraClient
 from services.client.session import EXIT_UNAVAILABLE, EXIT_USAGE, exit_status
 from services.gateway.app import Gateway
 from services.gateway.intake import Intake
-from services.local import ServiceProcesses
-from shared import natsauth
-from shared.config import Settings
-from shared.jetstream import connect_nats
-from shared.runtime import Runtime
-from shared.stack import HOST, NatsServer, Stack
+from shared.core.config import Settings
+from shared.devstack import natsauth
+from shared.devstack.stack import HOST, NatsServer, Stack
+from shared.nats.jetstream import connect_nats
+from shared.service.runtime import Runtime
 from tests.gateway.conftest import body, raw_request
 from tests.helpers import eventually
 

@@ -14,8 +14,8 @@ from proto.names import STREAM_EVENTS, STREAM_JOBS, ApiVerb, EventKind, Names, n
 from proto.replies import ApiError
 from services.client.api import TesseraClient
 from services.gateway.app import Gateway, run
-from shared.lifecycle import JobTrigger
-from shared.runtime import Runtime
+from shared.core.lifecycle import JobTrigger
+from shared.service.runtime import Runtime
 from tests.gateway.conftest import body, jobs_messages, raw_request
 from tests.helpers import eventually
 

@@ -17,10 +17,10 @@ from proto.replies import ApiError
 from services.client.api import TesseraClient, fetch_url
 from services.gateway.app import Gateway
 from services.gateway.results import chunk_bytes
-from shared.config import Settings
+from shared.core.config import Settings
+from shared.devstack.stack import S3_ACCESS_KEY, S3_BUCKET, S3_SECRET_KEY, SeaweedS3
 from shared.objectstore import CorruptObject, sha256_hex
-from shared.runtime import Runtime
-from shared.stack import S3_ACCESS_KEY, S3_BUCKET, S3_SECRET_KEY, SeaweedS3
+from shared.service.runtime import Runtime
 from tests.gateway.conftest import body
 from tests.gateway.results import completed_job
 

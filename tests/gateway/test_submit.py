@@ -17,7 +17,7 @@ from proto.replies import ApiError
 from services.client.api import TesseraClient
 from services.gateway.app import Gateway
 from services.gateway.handlers import new_job_for
-from shared.runtime import Runtime
+from shared.service.runtime import Runtime
 from tests.gateway.conftest import body, jobs_messages, raw_request
 
 

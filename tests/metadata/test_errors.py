@@ -11,11 +11,11 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from shared.errors import ConfigError, RetryableError, StoreUnavailable, TerminalError
+from shared.core.errors import ConfigError, RetryableError, StoreUnavailable, TerminalError
+from shared.devstack.procs import free_port
+from shared.devstack.stack import PostgresServer
 from shared.metadata import MetadataError, MetadataStore, NewJob
 from shared.metadata.translate import translate
-from shared.procs import free_port
-from shared.stack import PostgresServer
 from tests.helpers import eventually
 
 

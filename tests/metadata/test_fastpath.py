@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from shared.errors import ValidationError
-from shared.lifecycle import JobState, JobTrigger, TileState, TileTrigger, tile_legal_events
+from shared.core.errors import ValidationError
+from shared.core.lifecycle import JobState, JobTrigger, TileState, TileTrigger, tile_legal_events
 from shared.metadata import (
     CommitOutcome,
     MetadataStore,

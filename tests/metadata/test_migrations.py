@@ -7,8 +7,8 @@ import asyncio
 import asyncpg
 import pytest
 
-from shared.errors import ConfigError
-from shared.lifecycle import JobState, TileState
+from shared.core.errors import ConfigError
+from shared.core.lifecycle import JobState, TileState
 from shared.metadata import MetadataStore
 from shared.metadata.migrate import load_migrations
 

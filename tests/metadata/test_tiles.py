@@ -8,8 +8,8 @@ from collections.abc import Callable
 import asyncpg
 import pytest
 
-from shared.errors import ConflictError, NotFoundError, ValidationError
-from shared.lifecycle import IllegalTransition, JobState, JobTrigger, TileState, TileTrigger
+from shared.core.errors import ConflictError, NotFoundError, ValidationError
+from shared.core.lifecycle import IllegalTransition, JobState, JobTrigger, TileState, TileTrigger
 from shared.metadata import CommitOutcome, MetadataStore, NewJob, TileCommit
 from tests.metadata.conftest import RECTS
 

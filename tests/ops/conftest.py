@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from services import cli
-from shared.procs import ManagedProcess, free_port
+from shared.devstack.procs import ManagedProcess, free_port
 from tests.e2e.conftest import (  # noqa: F401  (fixtures)
     client,
     db,

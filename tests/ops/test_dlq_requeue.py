@@ -13,7 +13,7 @@ from nats.aio.client import Client as NATS
 
 from proto import names as n
 from services.client.api import TesseraClient
-from shared.config import Settings
+from shared.core.config import Settings
 from shared.metadata import MetadataStore
 from shared.objectstore import ObjectStore
 from tests.e2e.conftest import reference_png

@@ -13,11 +13,11 @@ import pytest
 from proto.api import SubmitRequest
 from services.client.api import TesseraClient
 from services.gateway.app import Gateway
-from shared.config import Settings
-from shared.metrics import CONTENT_TYPE_LATEST
-from shared.observability import OpsServer
-from shared.runtime import Runtime
-from shared.stack import PostgresServer
+from shared.core.config import Settings
+from shared.devstack.stack import PostgresServer
+from shared.service.metrics import CONTENT_TYPE_LATEST
+from shared.service.observability import OpsServer
+from shared.service.runtime import Runtime
 from tests.helpers import eventually
 from tests.ops.conftest import http_get, metric, scrape, value
 

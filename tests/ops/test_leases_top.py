@@ -15,11 +15,11 @@ from nats.aio.client import Client as NATS
 
 from proto import names as n
 from services.client.api import TesseraClient
-from shared.config import Settings
+from shared.core.config import Settings
+from shared.devstack.stack import PostgresServer
 from shared.metadata import MetadataStore
 from shared.objectstore import ObjectStore
-from shared.runtime import Runtime
-from shared.stack import PostgresServer
+from shared.service.runtime import Runtime
 from tests.e2e.conftest import reference_png
 from tests.e2e.flows import request, result_bytes, settle, submit
 from tests.harness import ServiceProcesses

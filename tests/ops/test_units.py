@@ -7,13 +7,13 @@ from datetime import UTC, datetime
 
 import pytest
 
+from services.cli.ops.gc import parse_age
 from services.client.recovery import parse_rate
-from services.ops.gc import parse_age
-from services.ops.pacing import Pacer
-from services.ops.requeue import Plan, _plan_job
-from shared.errors import ValidationError
-from shared.lifecycle import JobState
+from shared.core.errors import ValidationError
+from shared.core.lifecycle import JobState
 from shared.metadata import Job
+from shared.service.pacing import Pacer
+from shared.service.requeue import Plan, _plan_job
 
 
 async def test_pacer_spaces_actions_without_bursts() -> None:

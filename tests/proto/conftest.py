@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.stack import Stack
+from shared.devstack.stack import Stack
 
 
 @pytest.fixture

@@ -20,8 +20,8 @@ from proto.api import (
     decode_request,
     encode_request,
 )
-from shared.errors import DecodeError, TerminalError, ValidationError
-from shared.lifecycle import JobState
+from shared.core.errors import DecodeError, TerminalError, ValidationError
+from shared.core.lifecycle import JobState
 
 from .strategies import dumped, json_values, msgpack_values, mutated_maps, packed
 

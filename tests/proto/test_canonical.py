@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proto.canonical import MAX_DEPTH, canonical_hash, canonical_json
-from shared.errors import ValidationError
+from shared.core.errors import ValidationError
 
 from .strategies import json_values
 

@@ -28,7 +28,7 @@ from proto.api_replies import (
 from proto.apidoc import error_code_docs, json_type, render
 from proto.names import ApiVerb
 from proto.replies import ErrorCode
-from shared.lifecycle import TERMINAL_JOB_STATES, JobState
+from shared.core.lifecycle import TERMINAL_JOB_STATES, JobState
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 

@@ -20,7 +20,7 @@ from proto.messages import (
     header_value,
 )
 from proto.names import EventKind
-from shared.errors import DecodeError
+from shared.core.errors import DecodeError
 
 from .strategies import indices, msgpack_values, mutated_maps, packed, tokens
 

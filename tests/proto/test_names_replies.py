@@ -19,8 +19,8 @@ from proto.replies import (
     reply_for_exception,
 )
 from proto.topology import Topology
-from shared import errors
-from shared.lifecycle import IllegalTransition
+from shared.core import errors
+from shared.core.lifecycle import IllegalTransition
 
 
 def test_job_ids_are_time_ordered_uuid7_tokens() -> None:

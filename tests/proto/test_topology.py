@@ -15,9 +15,9 @@ from nats.js import JetStreamContext, api
 from nats.js.errors import KeyWrongLastSequenceError
 
 from proto import names as n
-from proto.ensure import ensure_topology
 from proto.topology import Topology
-from shared.errors import ConfigError
+from shared.core.errors import ConfigError
+from shared.nats.ensure import ensure_topology
 from tests.helpers import eventually
 
 

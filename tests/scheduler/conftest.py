@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from shared.config import Settings
-from shared.runtime import Runtime
+from shared.core.config import Settings
+from shared.service.runtime import Runtime
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 The sweeper runs in-process on a scheduler Runtime, the planner publishes real TILES messages,
 and a miniature worker (lease, fence, fenced commit, release, ack: the worker's own store and
-lease calls) renders tiles at a pause point (:mod:`shared.pauses`) inside the sweep, which is
+lease calls) renders tiles at a pause point (:mod:`shared.core.pauses`) inside the sweep, which is
 where the issue-14 race happened: tiles read as stale, then rendered, committed and acked
 before the sweeper got to them.
 """
@@ -20,12 +20,12 @@ from proto import names as n
 from proto.messages import JobMessage, TileMessage
 from services.scheduler.planner import Planner
 from services.scheduler.sweeper import Sweeper
-from shared import pauses
-from shared.jetstream import ack_sync_retry
-from shared.leases import LeaseOwner
-from shared.lifecycle import TileState
+from shared.core import pauses
+from shared.core.lifecycle import TileState
 from shared.metadata import CommitOutcome, Tile, TileCommit
-from shared.runtime import Runtime
+from shared.nats.jetstream import ack_sync_retry
+from shared.nats.leases import LeaseOwner
+from shared.service.runtime import Runtime
 from tests.metadata.conftest import make_new_job
 
 TILES = 48

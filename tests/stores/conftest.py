@@ -7,8 +7,8 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from proto import names as n
-from proto.ensure import ensure_topology
 from proto.topology import Topology
+from shared.nats.ensure import ensure_topology
 
 
 @pytest.fixture

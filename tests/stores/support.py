@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from shared.config import ObjectStoreSettings, Settings
+from shared.core.config import ObjectStoreSettings, Settings
 
 
 def nats_settings(url: str, tmp_path: Path) -> Settings:

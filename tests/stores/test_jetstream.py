@@ -14,14 +14,14 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from proto import names as n
-from proto.ensure import ensure_topology
 from proto.messages import TileMessage
 from proto.topology import Topology
-from shared.errors import LeaseLost, StoreUnavailable
-from shared.jetstream import ack_sync_retry, connect_nats, publish
-from shared.leases import Lease, LeaseOwner, Leases
-from shared.procs import free_port
-from shared.stack import NatsServer, Stack
+from shared.core.errors import LeaseLost, StoreUnavailable
+from shared.devstack.procs import free_port
+from shared.devstack.stack import NatsServer, Stack
+from shared.nats.ensure import ensure_topology
+from shared.nats.jetstream import ack_sync_retry, connect_nats, publish
+from shared.nats.leases import Lease, LeaseOwner, Leases
 from tests.helpers import eventually
 from tests.stores.support import nats_settings
 

@@ -9,8 +9,8 @@ import uuid
 import pytest
 from nats.js import JetStreamContext
 
-from shared.errors import LeaseLost, ValidationError
-from shared.leases import (
+from shared.core.errors import LeaseLost, ValidationError
+from shared.nats.leases import (
     LeaseOwner,
     Leases,
     ProgressPointer,

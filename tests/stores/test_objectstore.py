@@ -19,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from shared.config import ObjectStoreSettings
-from shared.errors import NotFoundError, StoreUnavailable, ValidationError
+from shared.core.config import ObjectStoreSettings
+from shared.core.errors import NotFoundError, StoreUnavailable, ValidationError
+from shared.devstack.procs import free_port
+from shared.devstack.stack import S3_ACCESS_KEY, S3_BUCKET, S3_SECRET_KEY, SeaweedS3
 from shared.objectstore import (
     CorruptObject,
     DirectoryStore,
@@ -34,8 +36,6 @@ from shared.objectstore import (
     tile_result_key,
 )
 from shared.objectstore.directory import TEMP_SUFFIX, write_temp
-from shared.procs import free_port
-from shared.stack import S3_ACCESS_KEY, S3_BUCKET, S3_SECRET_KEY, SeaweedS3
 from tests.helpers import eventually
 
 MiB = 1024 * 1024

@@ -12,7 +12,18 @@ from nats.js.errors import NotFoundError
 
 from proto import names as n
 from proto.topology import Topology
-from services.settle import (
+from shared.core.errors import (
+    DecodeError,
+    LeaseLost,
+    RetryableError,
+    StoreUnavailable,
+    TerminalError,
+)
+from shared.core.lifecycle import IllegalTransition
+from shared.core.retry import RetryPolicy
+from shared.devstack.stack import Stack
+from shared.nats.jetstream import publish
+from shared.service.settle import (
     ACK,
     HAND_BACK,
     Ack,
@@ -23,17 +34,6 @@ from services.settle import (
     outcome_of,
     settle,
 )
-from shared.errors import (
-    DecodeError,
-    LeaseLost,
-    RetryableError,
-    StoreUnavailable,
-    TerminalError,
-)
-from shared.jetstream import publish
-from shared.lifecycle import IllegalTransition
-from shared.retry import RetryPolicy
-from shared.stack import Stack
 from tests.helpers import eventually
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from services.worker.heartbeat import Heartbeat
-from shared.leases import Lease, LeaseOwner
-from shared.logs import Log
+from shared.nats.leases import Lease, LeaseOwner
+from shared.service.heartbeat import Heartbeat
+from shared.service.logs import Log
 
 
 class SwallowingLeases:

@@ -31,13 +31,13 @@ from services.scheduler.exhausted import Exhausted
 from services.scheduler.planner import Planner
 from services.worker.loop import Worker
 from services.worker.scenes import KernelFailure
-from shared.config import Settings
-from shared.errors import StoreUnavailable
-from shared.leases import LeaseOwner
-from shared.lifecycle import IllegalTransition, TileState
+from shared.core.config import Settings
+from shared.core.errors import StoreUnavailable
+from shared.core.lifecycle import IllegalTransition, TileState
 from shared.metadata import Attempt, AttemptOutcome
+from shared.nats.leases import LeaseOwner
 from shared.objectstore import DirectoryStore
-from shared.runtime import Runtime
+from shared.service.runtime import Runtime
 from tests.helpers import eventually
 
 #: one 16x16 tile, one pass of 4 samples, its result inline (the commit is the last step)

@@ -10,8 +10,8 @@ import pytest
 import kernel
 from services.worker.kernels import KernelThreads
 from services.worker.tile import pass_size
-from shared.config import WorkerSettings
-from shared.tiles import zeros_for
+from shared.core.config import WorkerSettings
+from shared.core.tiles import zeros_for
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 import kernel
 from services.worker import scenes
 from services.worker.scenes import KernelFailure, SceneCache
-from shared.lifecycle import JobState
+from shared.core.lifecycle import JobState
 from shared.metadata import Job
 
 

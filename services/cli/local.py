@@ -1,0 +1,348 @@
+"""``tessera up`` and ``tessera demo``: the embedded stack in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
+import uvloop
+
+from services.client.argtypes import non_negative_int, positive_float, positive_int
+from services.client.output import cannot_write, write_atomic
+from shared.core.errors import ValidationError
+from shared.devstack.procs import ManagedProcess, wait_for
+from shared.devstack.stack import Stack, StackError
+from shared.devstack.supervisor import Child, RestartLimits, Supervisor
+
+if TYPE_CHECKING:
+    from proto.api import SubmitRequest
+
+__all__ = ["ServiceProcesses", "register", "run_demo", "run_up"]
+
+SERVICES = ("gateway", "scheduler", "worker", "finalizer")
+#: a service's exit codes that restarting cannot fix (see shared.service.runtime.service_main); the
+#: servers' exit codes mean other things, so a server that exits 2 is restarted as usual
+SERVICE_FINAL_EXITS: Mapping[int, str] = {2: "configuration error"}
+_REPO = Path(__file__).resolve().parent.parent
+
+
+class ServiceProcesses:
+    """A set of service processes sharing one environment (one test's namespace).
+
+    ``service_env`` adds per-service variables (with NATS auth: each service's own user URL).
+    """
+
+    def __init__(
+        self,
+        env: Mapping[str, str],
+        log_dir: Path,
+        *,
+        service_env: Callable[[str], Mapping[str, str]] | None = None,
+    ) -> None:
+        self.env = dict(env)
+        self.log_dir = log_dir
+        self.service_env = service_env
+        self.procs: dict[str, ManagedProcess] = {}
+
+    def start(
+        self, service: str, *, name: str | None = None, env: Mapping[str, str] | None = None
+    ) -> ManagedProcess:
+        """Start one service process; ``name`` distinguishes replicas (``worker-2``)."""
+        name = name or service
+        own = dict(self.service_env(service)) if self.service_env else {}
+        full_env = os.environ | self.env | {"TESSERA_NODE": name} | own | dict(env or {})
+        proc = ManagedProcess(
+            name,
+            [sys.executable, "-m", f"services.{service}"],
+            self.log_dir / f"{name}.log",
+            env=full_env,
+            cwd=_REPO,
+        )
+        proc.start()
+        self.procs[name] = proc
+        return proc
+
+    def start_all(self, workers: int = 1, *, scheduler_first: bool = False) -> None:
+        """Gateway, scheduler, finalizer and ``workers`` workers.
+
+        ``scheduler_first``: start the others only once the scheduler has declared the topology
+        (needed when it is the only user allowed to create it, see :mod:`shared.devstack.natsauth`).
+        """
+        if scheduler_first:
+            self.wait_started(self.start("scheduler"))
+        for service in ("gateway", "scheduler", "finalizer"):
+            if service not in self.procs:
+                self.start(service)
+        for i in range(workers):
+            self.start("worker", name=f"worker-{i + 1}")
+
+    def wait_started(self, proc: ManagedProcess, timeout: float = 60.0) -> None:
+        """Block (bounded) until ``proc`` logs that it started: topology declared, connected."""
+
+        def started() -> bool:  # this run's lines only: the log outlives runs of `up`
+            return '"msg":"started"' in proc.log_since_start()
+
+        wait_for(started, timeout=timeout, what=f"{proc.name} did not start", proc=proc)
+
+    def restart(self, name: str, *, env: Mapping[str, str] | None = None) -> ManagedProcess:
+        """Start ``name`` again after it died, like a supervisor would."""
+        old = self.procs[name]
+        service = old.argv[-1].removeprefix("services.")
+        return self.start(service, name=name, env=env)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one service process."""
+        self.procs[name].kill()
+
+    def pause(self, name: str) -> None:
+        """SIGSTOP one service process."""
+        self.procs[name].signal(signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        """SIGCONT one service process."""
+        self.procs[name].signal(signal.SIGCONT)
+
+    def stop_all(self) -> None:
+        """SIGTERM every process (SIGKILL after a bound)."""
+        for proc in self.procs.values():
+            proc.signal(signal.SIGCONT)
+            proc.stop(timeout=10)
+
+    def logs(self) -> str:
+        """The tail of every service log, for assertion messages."""
+        return "\n".join(
+            f"--- {name} ---\n{proc.log_tail(40)}" for name, proc in self.procs.items()
+        )
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[threading.Event]:
+    """An event set by SIGINT or SIGTERM; the previous handlers come back afterwards."""
+    stop = threading.Event()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def export_lines(env: Mapping[str, str]) -> str:
+    """``export NAME=value`` lines a shell can evaluate."""
+    return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in env.items())
+
+
+def _supervisor(stack: Stack, procs: ServiceProcesses, limits: RestartLimits) -> Supervisor:
+    """Every server and service of ``up``; a server's restart waits until it is ready again.
+
+    A service that exits 2 (a configuration error) is not restarted: ``up`` gives up at once.
+    """
+    children = [Child(server.proc, server.start) for server in stack.servers()]
+    children += [Child(p, p.start, final_exits=SERVICE_FINAL_EXITS) for p in procs.procs.values()]
+    return Supervisor(children, limits, pid_file=stack.data_dir / "pids.json")
+
+
+def run_up(
+    data_dir: Path,
+    *,
+    s3: bool,
+    workers: int,
+    services: bool,
+    auth: bool = False,
+    limits: RestartLimits | None = None,
+) -> int:
+    """Run the stack (and the four services) until SIGINT/SIGTERM, restarting what dies.
+
+    ``auth``: NATS with one least-privilege user per service and one for clients; the printed
+    ``TESSERA_NATS_URL`` is the client user's. ``limits``: see :class:`RestartLimits`; a child
+    that fails more often than they allow stops everything (exit 1), so does a service that
+    exits with a configuration error, at once (exit 2).
+    """
+    namespace = os.environ.get("TESSERA_NAMESPACE", "").strip()
+    stack = Stack(data_dir, s3=s3, auth=auth, namespace=namespace)
+    procs = ServiceProcesses(stack.env(), stack.data_dir / "logs", service_env=stack.service_env)
+    with _stop_on_signals() as stop:
+        try:
+            stack.start()
+            procs.env = stack.env()
+            if services:
+                procs.start_all(workers=workers, scheduler_first=auth)
+        except StackError as exc:
+            print(f"tessera up: {exc}", file=sys.stderr)
+            # with --auth the scheduler must start first: a bad variable ends here
+            config = any(p.wait(0) in SERVICE_FINAL_EXITS for p in procs.procs.values())
+            procs.stop_all()
+            stack.stop()
+            return 2 if config else 1
+        supervisor = _supervisor(stack, procs, limits or RestartLimits())
+        try:
+            print(export_lines(stack.env()), flush=True)
+            what = "stack and services" if services else "stack"
+            pids = ", ".join(f"{name} PID {pid}" for name, pid in supervisor.pids().items())
+            print(f"# {what} running ({pids}; also in {supervisor.pid_file}); data and logs in "
+                  f"{stack.data_dir}; Ctrl-C stops everything", file=sys.stderr)  # fmt: skip
+            return supervisor.run(stop)
+        finally:
+            procs.stop_all()
+            stack.stop()
+            supervisor.remove_pid_file()
+            print(f"tessera up: stopped everything; restarts: {supervisor.summary()}",
+                  file=sys.stderr)  # fmt: skip
+
+
+def run_demo(data_dir: Path | None, *, s3: bool, out: Path, spp: int) -> int:
+    """Render the cornell scene end to end through all four services; write the PNG.
+
+    Exit status: 0 written, 1 the stack or the job failed, 2 bad arguments (checked before any
+    server starts: the request's limits, a writable directory for ``out``).
+    """
+    from proto.api import SubmitRequest
+
+    try:
+        request = SubmitRequest(
+            project="demo", scene="cornell", width=320, height=240, spp=spp, tile_size=64
+        )
+    except ValidationError as exc:
+        print(f"tessera demo: {exc}", file=sys.stderr)
+        return 2
+    if problem := cannot_write(out):
+        print(f"tessera demo: {problem}", file=sys.stderr)
+        return 2
+    with _stop_on_signals(), tempfile.TemporaryDirectory(prefix="tessera-demo-") as tmp:
+        root = data_dir or Path(tmp)
+        try:
+            with Stack(root, s3=s3) as stack:
+                print(f"tessera demo: stack up (NATS {stack.nats.url}, PostgreSQL, "
+                      f"object store {stack.env()['TESSERA_OBJECT_STORE']})")  # fmt: skip
+                procs = ServiceProcesses(stack.env(), stack.data_dir / "logs")
+                try:
+                    procs.start_all(workers=1)
+                    result = uvloop.run(_demo_job(stack.env(), request))
+                finally:
+                    procs.stop_all()
+                if result is None:
+                    print(f"tessera demo: failed; service logs:\n{procs.logs()}", file=sys.stderr)
+                    return 1
+        except (StackError, KeyboardInterrupt) as exc:
+            print(f"tessera demo: {exc or 'interrupted'}", file=sys.stderr)
+            return 1
+    png, sha = result
+    try:
+        write_atomic(out, png)
+    except OSError as exc:
+        print(f"tessera demo: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    print(f"tessera demo: wrote {out.resolve()} ({len(png)} bytes, sha256 {sha[:16]}...)")
+    print("tessera demo: every server and service it started has been stopped.")
+    return 0
+
+
+async def _demo_job(env: Mapping[str, str], request: SubmitRequest) -> tuple[bytes, str] | None:
+    from proto.names import Names
+    from services.client.api import TesseraClient
+    from services.client.watch import watch_jobs
+    from shared.core.config import Settings
+    from shared.nats.jetstream import connect_nats
+    from shared.objectstore import open_object_store
+
+    settings = Settings.from_env(env)
+    nc = await connect_nats(settings, name="tessera-demo")
+    try:
+        client = TesseraClient(nc, Names(settings.deployment.namespace), timeout=60)
+        reply = await client.submit(request)
+        job_id = reply["job_id"]
+        print(f"tessera demo: submitted job {job_id} (cornell 320x240, {request.spp} spp, "
+              "20 tiles)")  # fmt: skip
+        if await watch_jobs(client, [job_id], interval=0.5) != 0:
+            return None
+        status = await client.status(job_id)
+        store = await open_object_store(settings.object_store)
+        try:
+            png = await store.get(status["result_location"], sha256=status["result_sha256"])
+        finally:
+            await store.close()
+    finally:
+        await nc.close()
+    return png, str(status["result_sha256"])
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``up`` and ``demo`` to the ``tessera`` command."""
+    up = sub.add_parser(
+        "up",
+        help="run the embedded stack and the four services in the foreground",
+        epilog="a server or service that exits is restarted with exponential backoff, except a "
+        "service that exits 2 (a configuration error, which restarting cannot fix); exit "
+        "status: 0 stopped by Ctrl-C or SIGTERM; 1 a server or service failed to start, or "
+        "failed more than --max-restarts times within --restart-window; 2 usage error, or a "
+        "service exited with a configuration error (a bad TESSERA_* variable, a topology the "
+        "server refuses)",
+    )
+    up.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(".tessera"),
+        help="where servers keep their data and services their logs (default: ./.tessera)",
+    )
+    up.add_argument("--s3", action="store_true", help="use SeaweedFS S3 instead of a directory")
+    up.add_argument("--workers", type=positive_int, default=1, help="worker processes (default: 1)")
+    up.add_argument(
+        "--stack-only", action="store_true", help="run the servers only, not the services"
+    )
+    up.add_argument(
+        "--auth",
+        action="store_true",
+        help="NATS with one least-privilege user per service and one for clients (docs/scaling.md)",
+    )
+    defaults = RestartLimits()
+    up.add_argument(
+        "--max-restarts",
+        type=non_negative_int,
+        default=defaults.max_restarts,
+        help="restarts of one server or service allowed within --restart-window before up "
+        f"gives up and stops everything (0: never restart; default: {defaults.max_restarts})",
+    )
+    up.add_argument(
+        "--restart-window",
+        type=positive_float,
+        default=defaults.window,
+        metavar="SECONDS",
+        help=f"seconds over which --max-restarts counts failures (default: {defaults.window:g})",
+    )
+    up.set_defaults(func=_run_up)
+
+    demo = sub.add_parser(
+        "demo",
+        help="render the sample scene end to end on the embedded stack",
+        epilog="exit status: 0 PNG written; 1 the stack or the job failed (service logs are "
+        "printed); 2 usage error (checked before any server starts)",
+    )
+    demo.add_argument("--data-dir", type=Path, default=None, help="keep data here (default: temp)")
+    demo.add_argument("--s3", action="store_true", help="use SeaweedFS S3 instead of a directory")
+    demo.add_argument(
+        "-o", "--out", type=Path, default=Path("tessera-demo.png"), help="PNG to write"
+    )
+    demo.add_argument("--spp", type=int, default=64, help="samples per pixel (default: 64)")
+    demo.set_defaults(func=lambda a: run_demo(a.data_dir, s3=a.s3, out=a.out, spp=a.spp))
+
+
+def _run_up(a: argparse.Namespace) -> int:
+    limits = RestartLimits(max_restarts=a.max_restarts, window=a.restart_window)
+    services = not a.stack_only
+    return run_up(
+        a.data_dir, s3=a.s3, workers=a.workers, services=services, auth=a.auth, limits=limits
+    )

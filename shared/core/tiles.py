@@ -1,0 +1,98 @@
+"""Tile plans and tile accumulators: pure helpers shared by the scheduler, workers, finalizer.
+
+A job's image is cut into ``tile_size`` squares in row-major order (the last row and column may
+be smaller); tile ``i`` is the rectangle ``(x0, y0, x1, y1)``, half-open, row 0 at the top. A
+tile's accumulator is the kernel's float64 radiance sum of shape ``(y1-y0, x1-x0, 3)``, stored
+as ``.npy`` bytes: a checkpoint, a tile result and the assembled image are all lossless, so a
+resumed or re-assembled image is bit-identical to a straight render.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import numpy.typing as npt
+
+from kernel.rect import Rect
+from shared.core.errors import DecodeError
+
+Accumulator = npt.NDArray[np.float64]
+
+__all__ = [
+    "Accumulator",
+    "assemble",
+    "fits",
+    "from_npy",
+    "load_npy",
+    "plan_rects",
+    "to_npy",
+    "zeros_for",
+]
+
+
+def plan_rects(width: int, height: int, tile_size: int) -> list[Rect]:
+    """The tiles of a ``width`` x ``height`` image, row-major."""
+    if min(width, height, tile_size) < 1:
+        raise ValueError(f"bad plan {width}x{height} / {tile_size}")
+    return [
+        Rect(x, y, min(x + tile_size, width), min(y + tile_size, height))
+        for y in range(0, height, tile_size)
+        for x in range(0, width, tile_size)
+    ]
+
+
+def zeros_for(rect: Rect) -> Accumulator:
+    """An empty accumulator for ``rect``."""
+    x0, y0, x1, y1 = rect
+    return np.zeros((y1 - y0, x1 - x0, 3), dtype=np.float64)
+
+
+def to_npy(acc: Accumulator) -> bytes:
+    """Lossless ``.npy`` bytes of an accumulator."""
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(acc, dtype=np.float64), allow_pickle=False)
+    return buf.getvalue()
+
+
+def load_npy(data: bytes) -> Accumulator:
+    """Parse ``.npy`` bytes of some accumulator, or raise DecodeError (the array may be read-only).
+
+    :func:`from_npy` also checks the shape against a tile; this is for a reader that learns
+    the tile later.
+    """
+    try:
+        arr = np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise DecodeError(f"accumulator is not a valid .npy file: {exc}") from exc
+    if not isinstance(arr, np.ndarray):  # an .npz archive loads as a lazy NpzFile
+        arr.close()
+        raise DecodeError("accumulator is an .npz archive, not an .npy array")
+    if arr.dtype != np.float64 or arr.ndim != 3 or arr.shape[2] != 3:
+        raise DecodeError(f"accumulator has {arr.dtype} {arr.shape}, expected float64 (h, w, 3)")
+    acc: Accumulator = arr
+    return acc
+
+
+def fits(acc: Accumulator, rect: Rect) -> bool:
+    """True if ``acc`` has the shape of ``rect``'s accumulator."""
+    x0, y0, x1, y1 = rect
+    return acc.shape == (y1 - y0, x1 - x0, 3)
+
+
+def from_npy(data: bytes, rect: Rect) -> Accumulator:
+    """Parse ``.npy`` bytes into an accumulator of ``rect``'s shape, or raise DecodeError."""
+    arr = load_npy(data)
+    if not fits(arr, rect):
+        expected = zeros_for(rect).shape
+        raise DecodeError(f"accumulator has {arr.dtype} {arr.shape}, expected float64 {expected}")
+    out: Accumulator = np.array(arr, dtype=np.float64, copy=True)
+    return out
+
+
+def assemble(width: int, height: int, parts: list[tuple[Rect, Accumulator]]) -> Accumulator:
+    """Place tile accumulators into one full-frame accumulator."""
+    full = np.zeros((height, width, 3), dtype=np.float64)
+    for (x0, y0, x1, y1), acc in parts:
+        full[y0:y1, x0:x1] = acc
+    return full

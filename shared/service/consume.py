@@ -1,0 +1,129 @@
+"""The consume loop every service shares: pull, dispatch to bounded concurrent handlers, drain.
+
+Outcome → JetStream action lives in one place, :func:`shared.service.settle.settle`, which every
+handler's typed outcome goes through; this loop only decides *how many* messages are in flight
+and stops fetching when the service is asked to stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+import nats.errors
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.errors import ServerError, ServiceUnavailableError
+
+from shared.service.logs import Log
+
+__all__ = ["consume"]
+
+Handler = Callable[[Msg], Awaitable[None]]
+
+
+async def consume(
+    js: JetStreamContext,
+    *,
+    stream: str,
+    durable: str,
+    handler: Handler,
+    in_hand: int,
+    stop: asyncio.Event,
+    log: Log,
+    fetch_wait: float = 1.0,
+    grace: float,
+    on_stop: Callable[[], None] | None = None,
+) -> None:
+    """Hold up to ``in_hand`` messages of the durable pull consumer until ``stop`` is set.
+
+    Each is handled by its own task; a new one is fetched whenever a handler finishes.
+
+    In-flight handlers then get ``grace`` seconds to finish (``on_stop`` is called first so they
+    can hand their work back); whatever is still running after that is cancelled.
+    """
+    sub = await js.pull_subscribe_bind(durable=durable, stream=stream)
+    inflight: set[asyncio.Task[None]] = set()
+    # ``on_stop`` runs as soon as ``stop`` is set, not when a pending fetch gives up (up to
+    # ``fetch_wait`` later): in-flight work starts handing back at once.
+    stopping = asyncio.create_task(_call_on(stop, on_stop)) if on_stop is not None else None
+    try:
+        while not stop.is_set():
+            free = in_hand - len(inflight)
+            if free <= 0:
+                await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+                continue
+            msgs = await _fetch(sub, free, fetch_wait, stop, log, stream)
+            if stop.is_set():  # fetched while stopping: hand back untouched, for others
+                for msg in msgs:
+                    with contextlib.suppress(Exception):
+                        await msg.nak()
+                break
+            for msg in msgs:
+                task = asyncio.create_task(_guarded(handler, msg, log))
+                inflight.add(task)
+                task.add_done_callback(inflight.discard)
+    finally:
+        if stopping is not None:
+            stopping.cancel()
+        if on_stop is not None:
+            on_stop()  # (again, if ``stop`` was set: it must be idempotent)
+        await _drain(inflight, grace, log)
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+
+
+async def _fetch(
+    sub: JetStreamContext.PullSubscription,
+    batch: int,
+    wait: float,
+    stop: asyncio.Event,
+    log: Log,
+    stream: str,
+) -> list[Msg]:
+    """Up to ``batch`` messages, or none when nothing came or the server is not answering."""
+    try:
+        return await sub.fetch(batch=batch, timeout=wait)
+    except (TimeoutError, nats.errors.TimeoutError):
+        return []
+    except (nats.errors.ConnectionReconnectingError, nats.errors.ConnectionClosedError):
+        await _pause(stop, wait)
+        return []
+    except (ServiceUnavailableError, ServerError) as exc:
+        # 503/500 while the consumer's stream elects a new leader (a cluster lost a node): the
+        # consumer comes back within seconds, so wait and pull again.
+        log.warning("fetch refused; retrying", stream=stream, error=repr(exc))
+        await _pause(stop, wait)
+        return []
+
+
+async def _drain(inflight: set[asyncio.Task[None]], grace: float, log: Log) -> None:
+    """Give ``inflight`` handlers ``grace`` seconds, then cancel what is left and wait for it."""
+    if not inflight:
+        return
+    log.info("draining", inflight=len(inflight), grace=grace)
+    _done, pending = await asyncio.wait(inflight, timeout=grace)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def _call_on(stop: asyncio.Event, on_stop: Callable[[], None]) -> None:
+    await stop.wait()
+    on_stop()
+
+
+async def _guarded(handler: Handler, msg: Msg, log: Log) -> None:
+    try:
+        await handler(msg)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        # A bug in a handler must not kill the loop; the message is redelivered after ack_wait.
+        log.error("handler crashed", subject=msg.subject, exc=True)
+
+
+async def _pause(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
