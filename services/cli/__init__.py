@@ -2,8 +2,10 @@
 
 Subcommands are registered by the modules that implement them (``register(subparsers)``):
 :mod:`services.cli.local` (``up``, ``demo``), :mod:`services.client.commands` (``submit``,
-``status``, ``watch``, ``get``, ``list``, ``cancel``, ``retry``, ...) and this module (``version``
-and the four services). ``tessera COMMAND --help`` documents each.
+``status``, ``watch``, ``get``, ``list``, ``cancel``, ``retry``, ...),
+:mod:`services.cli.ops.commands` (``gc``, ``top``) and this module (``version`` and the four
+services). ``tessera COMMAND --help`` documents each; ``python -m services.cli`` is the same
+command. This package is the top layer: it may import every service (docs/architecture.md).
 
 ``pip install tessera`` installs only the client (:mod:`services.client`, ``proto/``): its
 commands import neither numpy nor numba. Everything else needs the ``render`` extra; on a
@@ -144,7 +146,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(needs_render(args.command, missing), file=sys.stderr)
         return EXIT_USAGE
     return status
-
-
-if __name__ == "__main__":
-    sys.exit(main())

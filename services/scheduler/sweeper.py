@@ -31,12 +31,12 @@ from nats.js.errors import NotFoundError as StreamMsgNotFound
 
 from proto import names as n
 from proto.messages import JobMessage
-from services.scheduler.planner import publish_tiles
 from shared.core.errors import RetryableError
 from shared.core.pauses import pause_point
 from shared.metadata import Tile
 from shared.metadata.tiles import StaleKey, stale_key
 from shared.nats.jetstream import publish, retry_transient, subjects_with_messages
+from shared.service.publish import publish_tiles
 from shared.service.runtime import Runtime
 
 __all__ = ["SNAPSHOT_MAX_AGE", "Sweeper"]

@@ -40,7 +40,6 @@ from nats.js.errors import NotFoundError as JsNotFound
 
 from proto import names as n
 from proto.messages import DeadLetter, JobEvent, JobMessage
-from services.scheduler.planner import publish_tiles
 from shared.core.errors import DecodeError
 from shared.core.lifecycle import JobState, TileState, is_terminal
 from shared.metadata import Job
@@ -48,6 +47,7 @@ from shared.metadata.ops import REQUEUEABLE
 from shared.nats.jetstream import publish, retry_transient
 from shared.service.announce import announce
 from shared.service.deadletter import UNKNOWN_JOB
+from shared.service.publish import publish_tiles
 from shared.service.runtime import Runtime
 
 __all__ = ["Plan", "Requeuer"]
