@@ -166,14 +166,14 @@ def test_the_checker_reports_each_wrong_arrow_with_file_and_line(tmp_path: Path)
         "shared/core/errors.py": "def f():\n    from shared.service.runtime import Runtime\n",
         "shared/service/__init__.py": "",
         "shared/service/runtime.py": "from shared.core import errors\n",
-        "shared/stack.py": "",
+        "shared/legacy.py": "",
         "services/__init__.py": "",
         "services/worker/__init__.py": "",
         "services/worker/loop.py": "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    from services.finalizer import assemble\n",
         "services/finalizer/__init__.py": "",
         "services/finalizer/assemble.py": "from services.worker.loop import X\n",
-        "services/cli/__init__.py": "import services.worker.loop\nimport shared.stack\n",
+        "services/cli/__init__.py": "import services.worker.loop\nimport shared.legacy\n",
         "proto/__init__.py": "import json\nimport nats\n",
     }
     for rel, text in files.items():
@@ -182,7 +182,7 @@ def test_the_checker_reports_each_wrong_arrow_with_file_and_line(tmp_path: Path)
     found = sorted(violations(tmp_path))
     assert found == [
         "proto/__init__.py:2: proto (proto) imports nats: proto imports no I/O library",
-        "services/cli/__init__.py:2: services.cli (command) imports shared.stack, which is in no "
+        "services/cli/__init__.py:2: services.cli (command) imports shared.legacy, which is in no "
         "layer",
         "services/finalizer/assemble.py:1: services.finalizer.assemble (services) imports "
         "services.worker.loop: services do not import each other",
@@ -190,5 +190,5 @@ def test_the_checker_reports_each_wrong_arrow_with_file_and_line(tmp_path: Path)
         "services.finalizer.assemble: services do not import each other",
         "shared/core/errors.py:2: shared.core.errors (core) imports shared.service.runtime "
         "(service): core may import ['core']",
-        "shared/stack.py: module shared.stack is in no layer",
+        "shared/legacy.py: module shared.legacy is in no layer",
     ]
