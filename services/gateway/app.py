@@ -5,8 +5,9 @@ it takes a place in the request's lane of the :class:`~services.gateway.intake.I
 spawns the handler, or, when the lane is full, answers ``busy`` with a ``retry_after`` hint at
 once. It never waits: a request left waiting in the client library would leave the next ones in
 nats-server's buffer for this connection, which the server cuts as a slow consumer once it
-holds 64 MiB (every request buffered there is lost, and until the reconnect every request gets
-"no responders").
+holds ``max_pending`` (NATS's default is 64 MiB; Tessera's configurations set
+:data:`proto.limits.NATS_MAX_PENDING`; every request buffered there is lost, and until the
+reconnect every request gets "no responders").
 
 Submits arrive on the service's connection, every other verb (status, list, cancel, retry,
 result, the dead-letter verbs) on a second connection of the gateway's own, same servers and
@@ -19,6 +20,7 @@ in-flight requests get the grace period to finish and reply, then the second con
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -36,6 +38,7 @@ from services.gateway.handlers import Handlers
 from services.gateway.intake import Intake, Lane
 from services.gateway.results import ResultHandlers
 from shared.core.errors import RetryableError, TesseraError
+from shared.core.pauses import pause_point
 from shared.nats.jetstream import connect_nats
 from shared.service.requeue import Requeuer
 from shared.service.runtime import Runtime
@@ -136,9 +139,18 @@ class Gateway:
         return on_msg
 
     async def stop(self, grace: float) -> None:
-        """Stop taking requests, then give in-flight ones ``grace`` seconds to reply."""
+        """Stop taking requests, then give in-flight ones ``grace`` seconds to reply.
+
+        The subscriptions are drained, not just dropped: a request already read into the client
+        library's buffer still gets its answer (served, or ``busy``) instead of leaving its
+        client waiting out its whole timeout.
+        """
         for sub in self._subs:
-            await sub.unsubscribe()
+            try:
+                await asyncio.wait_for(sub.drain(), max(grace, 0.1))  # type: ignore[no-untyped-call]
+            except Exception:  # connection gone, or the drain did not finish in time
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
         self._subs.clear()
         if self._tasks:
             _, late = await asyncio.wait(set(self._tasks), timeout=grace)
@@ -154,6 +166,12 @@ class Gateway:
 
     async def _on_msg(self, msg: Msg, nc: NATS) -> None:
         """A request that arrived on ``nc`` (and is answered there)."""
+        await pause_point("gateway.received")
+        if nc is not self.rt.nc and len(msg.data) >= self.intake.large_body_bytes:
+            # Only a submit carries a large body (an inline scene); anything else that large is
+            # refused unread, so it never parses on this loop nor takes a large-lane place.
+            await self._refuse_large(msg, nc)
+            return
         lane = self.intake.lane_for(len(msg.data))
         if lane.take():
             self._spawn(msg, lane, nc)
@@ -164,6 +182,19 @@ class Gateway:
         task = asyncio.create_task(self._serve(msg, lane, nc))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _refuse_large(self, msg: Msg, nc: NATS) -> None:
+        if not msg.reply:
+            return
+        reply = error_reply(
+            ErrorCode.INVALID,
+            f"a {msg.subject} request of {len(msg.data)} bytes: only submit takes a body of "
+            f"{self.intake.large_body_bytes} bytes or more",
+        )
+        try:
+            await nc.publish(msg.reply, reply)
+        except Exception:  # the connection is gone: the client's request times out
+            self.rt.log.error("could not refuse a large request", exc=True, subject=msg.subject)
 
     async def _busy(self, msg: Msg, lane: Lane, nc: NATS) -> None:
         self.rt.metrics.gateway_busy.labels(lane=lane.name).inc()

@@ -1,7 +1,8 @@
 """The gateway's bounded intake: two lanes, ``busy`` when a lane is full, large bodies off the loop.
 
 nats-server cannot slow a sender down on a core NATS subscription: it buffers what the gateway
-has not read yet, up to its ``max_pending`` (64 MiB), and then cuts the gateway's connection as
+has not read yet, up to its ``max_pending`` (NATS's default 64 MiB; Tessera's configurations
+set :data:`proto.limits.NATS_MAX_PENDING`), and then cuts the gateway's connection as
 a slow consumer, losing everything buffered. So the gateway must read as fast as requests come,
 whatever they cost to serve. It does, by deciding at once for every request:
 

@@ -14,7 +14,9 @@ other key is hashed once per request (only images written by hand are stored tha
 
 from __future__ import annotations
 
+import asyncio
 import base64
+from collections import OrderedDict
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
@@ -49,6 +51,9 @@ class ResultHandlers:
         self.db, self.store, self.url_ttl = db, store, url_ttl
         #: the most bytes one chunk reply carries
         self.chunk = chunk_bytes(reply_budget)
+        #: digests of objects not under a content-addressed key, by (key, size): hashed once,
+        #: off the event loop, not once per chunk request
+        self._digests: OrderedDict[tuple[str, int], str] = OrderedDict()
 
     async def result(self, data: bytes, headers: Headers) -> ResultReply:
         """A presigned URL for the image, or one chunk of its bytes (see the module doc)."""
@@ -59,7 +64,7 @@ class ResultHandlers:
         key, sha = _located(job, request.kind)
         size = await self.store.size(key)
         if sha is None:
-            sha = sha256_hex(await self.store.get(key))
+            sha = await self._digest(key, size)
         kind, content_type = request.kind, CONTENT_TYPES[request.kind]
         if not request.inline:
             signed_at = datetime.now(UTC)  # before signing: expires_at is never late
@@ -79,6 +84,17 @@ class ResultHandlers:
             data_b64=base64.b64encode(chunk).decode(), next_offset=end if end < size else None,
         )  # fmt: skip
 
+    async def _digest(self, key: str, size: int) -> str:
+        """sha256 of the object at ``key``, computed once (in a thread) and remembered."""
+        cached = self._digests.get((key, size))
+        if cached is None:
+            cached = await asyncio.to_thread(sha256_hex, await self.store.get(key))
+            self._digests[(key, size)] = cached
+            while len(self._digests) > _DIGESTS:
+                self._digests.popitem(last=False)
+        self._digests.move_to_end((key, size))
+        return cached
+
     async def _read(self, key: str, size: int, request: ResultRequest) -> bytes:
         offset = request.offset
         if offset > size:
@@ -88,6 +104,10 @@ class ResultHandlers:
         if len(data) != want:  # the object is content-addressed: it cannot have shrunk
             raise StoreUnavailable(f"read {len(data)} of {want} bytes of {key} at {offset}")
         return data
+
+
+_DIGESTS = 64
+"""Digests :class:`ResultHandlers` keeps (least recently used dropped)."""
 
 
 def _located(job: Job, kind: ResultKind) -> tuple[str, str | None]:

@@ -29,6 +29,7 @@ from services.client.api import RequestTooLarge, TesseraClient
 from services.client.session import EXIT_UNAVAILABLE, EXIT_USAGE, exit_status
 from services.gateway.app import Gateway
 from services.gateway.intake import Intake
+from shared.core import pauses
 from shared.core.config import Settings
 from shared.devstack import natsauth
 from shared.devstack.stack import HOST, NatsServer, Stack
@@ -40,9 +41,17 @@ from tests.helpers import eventually
 BURST = 2000
 
 
+@pytest.mark.parametrize("own_process", [False, True], ids=["one-client", "own-process"])
 async def test_a_burst_of_large_submits_is_shed_not_disconnected(
-    stack: Stack, settings_env: dict[str, str], database_url: str, tmp_path: Path
+    stack: Stack,
+    settings_env: dict[str, str],
+    database_url: str,
+    tmp_path: Path,
+    own_process: bool,
 ) -> None:
+    """Issue 14's burst, from one client sending as fast as its event loop can, and from a
+    process of its own (as fast as one process can send: on a starved box that out-sends the
+    gateway's reading, which ``max_pending`` (proto.limits.NATS_MAX_PENDING) absorbs)."""
     procs = ServiceProcesses(settings_env, tmp_path / "logs")
     nats_log = stack.nats.proc
     before = len(nats_log.log_since_start())
@@ -52,15 +61,12 @@ async def test_a_burst_of_large_submits_is_shed_not_disconnected(
         settings = Settings.from_env(settings_env)
         status_nc = await connect_nats(settings, name="test-status")
         try:
-            # One client sending as fast as its event loop can, as in issue 14. A sender of a
-            # process of its own on a starved machine can out-send one gateway's reading
-            # (docs/operations.md, "Load shedding": that is what more gateways are for).
             result = await run_burst(
                 settings,
                 status_nc,
                 Names(settings.deployment.namespace),
                 requests=BURST,
-                own_process=False,
+                own_process=own_process,
             )
         finally:
             await status_nc.close()
@@ -213,3 +219,53 @@ async def test_the_server_buffers_a_whole_burst_for_a_lagging_connection(stack: 
     async with aiohttp.ClientSession() as session, session.get(url) as response:
         varz: dict[str, Any] = await response.json()
     assert varz["max_pending"] == NATS_MAX_PENDING > BURST * 57_000
+
+
+async def test_a_large_body_for_a_verb_other_than_submit_is_refused_unread(
+    gateway: Gateway, nc: NATS, names: Names
+) -> None:
+    """Only a submit carries an inline scene; a 1 MiB status is refused before any parsing and
+    takes no place in the large lane."""
+    data = orjson.dumps({"job_id": "x" * (1024 * 1024)})
+    before = gateway.intake.large.in_use
+    reply = await raw_request(nc, names, ApiVerb.STATUS, data)
+    assert reply["error"]["code"] == "invalid"
+    assert "only submit takes a body" in reply["error"]["message"]
+    assert gateway.intake.large.in_use == before
+
+
+async def test_requests_read_before_a_stop_are_still_answered(
+    runtime: Runtime, stack: Stack, nc: NATS, names: Names
+) -> None:
+    """The gateway drains its subscriptions on stop: requests already in the client library's
+    buffer are answered, not dropped (their clients would wait out their whole timeout)."""
+    gw = Gateway(runtime)
+    await gw.start()
+    held, release = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:  # the first request holds the callback; the rest queue behind it
+        if not held.is_set():
+            held.set()
+            await release.wait()
+
+    subject = names.api_subject(ApiVerb.STATUS)
+    data = orjson.dumps({"job_id": "unknown-job"})
+    with pauses.installed("gateway.received", hold):
+        replies = [asyncio.ensure_future(nc.request(subject, data, timeout=20)) for _ in range(10)]
+        await nc.flush()
+        await asyncio.wait_for(held.wait(), 10)
+        stopping = asyncio.ensure_future(gw.stop(10.0))
+
+        async def unsubscribed() -> bool:  # the server has dropped the gateway's interest
+            subs = await _api_subscriptions(stack, names)
+            return not any(subject in subjects for subjects in subs.values())
+
+        await eventually(unsubscribed, timeout=20, what="the stop unsubscribed from status")
+        release.set()
+        await asyncio.wait_for(stopping, 30)
+    answered = await asyncio.gather(*replies, return_exceptions=True)
+    codes = [
+        r if isinstance(r, BaseException) else orjson.loads(r.data)["error"]["code"]
+        for r in answered
+    ]
+    assert codes == ["not_found"] * 10, codes

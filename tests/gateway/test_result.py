@@ -7,6 +7,7 @@ import os
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
+import asyncpg
 import orjson
 import pytest
 from nats.aio.client import Client as NATS
@@ -140,3 +141,36 @@ async def test_s3_gives_a_presigned_url_and_chunks_on_request(
     assert inline["url"] is None and inline["next_offset"] == 100_000
     assert await client.download(job_id, kind="float") == floats
     assert await client.download(job_id, inline=True, chunk=200_000) == png
+
+
+class _CountingGets:
+    """The gateway's real store, counting whole-object reads."""
+
+    def __init__(self, store: object) -> None:
+        self.inner, self.gets = store, 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    async def get(self, key: str, **kw: object) -> bytes:
+        self.gets += 1
+        data: bytes = await self.inner.get(key, **kw)  # type: ignore[attr-defined]
+        return data
+
+
+async def test_an_object_without_a_content_address_is_hashed_once_not_per_chunk(
+    gateway: Gateway, runtime: Runtime, client: TesseraClient
+) -> None:
+    floats = os.urandom(5000)
+    job_id = await completed_job(runtime, client, b"png", b"f")
+    key = f"renders/{job_id}/by-hand.npy"  # no sha256 in the name: the gateway must hash it
+    await runtime.store.put(key, floats)
+    conn = await asyncpg.connect(runtime.settings.database_url)
+    try:
+        await conn.execute("UPDATE jobs SET float_location = $1 WHERE job_id = $2", key, job_id)
+    finally:
+        await conn.close()
+    counting = _CountingGets(gateway.results.store)
+    gateway.results.store = counting  # type: ignore[assignment]
+    assert await client.download(job_id, kind="float", chunk=1000) == floats
+    assert counting.gets == 1, "hashed once for its five chunks"
