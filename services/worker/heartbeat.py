@@ -9,21 +9,28 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Protocol
 
 from services.settle import Delivery
 from shared import crash
 from shared.errors import LeaseLost, RetryableError
-from shared.leases import Lease, Leases
+from shared.leases import Lease
 from shared.logs import Log
 
-__all__ = ["Heartbeat"]
+__all__ = ["Heartbeat", "Renewer"]
+
+
+class Renewer(Protocol):
+    """What a heartbeat needs of a lease store (:class:`shared.leases.Leases` has it)."""
+
+    async def renew(self, lease: Lease) -> Lease: ...
 
 
 class Heartbeat:
     """Keeps one lease (and its message) alive until stopped or lost."""
 
     def __init__(
-        self, leases: Leases, lease: Lease, delivery: Delivery | None, interval: float, log: Log
+        self, leases: Renewer, lease: Lease, delivery: Delivery | None, interval: float, log: Log
     ) -> None:
         self.leases = leases
         self.lease = lease
