@@ -1,11 +1,8 @@
 """The tile run on its own: in-memory stores, the real kernel on an 8×8 tile, no servers.
 
 The stores are the doubles of ``tests/doubles`` (held to NATS KV and PostgreSQL by the contract
-suites there). The delivery is :class:`FakeDelivery`, which does what
-:class:`services.settle.Delivery` does on a real consumer (``tests/stores/test_settle.py``:
-settled at most once, ``nak`` with or without a delay, ``term`` after the DLQ copy and the
-letter's ``record``, ``in_progress`` a no-op once settled, ``data`` and ``deliveries``) and
-records it. Each case asserts the settle decision and what the run left in the stores. Events
+suites there). The delivery is :class:`~tests.doubles.delivery.FakeDelivery`, which records how it
+was settled. Each case asserts the settle decision and what the run left in the stores. Events
 in the run (a lease lost, a newer owner, a drain) are made to happen after a given sample pass
 by :class:`HookedKernels`, so nothing depends on timing.
 """
@@ -23,7 +20,6 @@ import kernel
 from kernel.rect import Rect
 from proto import names as n
 from proto.messages import TileDone, TileMessage
-from services.settle import DeadLetter, Delivery
 from services.worker.context import JobCache, StopView, TileContext
 from services.worker.kernels import KernelThreads
 from services.worker.scenes import SceneCache
@@ -38,51 +34,13 @@ from shared.metrics import Metrics
 from shared.objectstore import DirectoryStore
 from shared.retry import RetryPolicy
 from shared.tiles import Accumulator
+from tests.doubles.delivery import FakeDelivery
 from tests.doubles.kv import MemoryLeases, MemoryPointers
 from tests.doubles.metadata import MemoryMetadata
 from tests.helpers import eventually
 from tests.metadata.conftest import make_new_job
 
 SPP = 2  # two passes of one sample: the hooks run between them
-
-
-class FakeDelivery(Delivery):
-    """A delivery that records how it was settled (see the module docstring)."""
-
-    def __init__(self, data: bytes, deliveries: int = 1) -> None:  # no message: no super()
-        self._body, self._count = data, deliveries
-        self.settled: str | None = None
-        self.delay: float | None = None
-        self.letters: list[DeadLetter] = []
-        self.in_progress_calls = 0
-
-    @property
-    def data(self) -> bytes:
-        return self._body
-
-    @property
-    def deliveries(self) -> int:
-        return self._count
-
-    async def ack(self) -> None:
-        if self.settled is None:
-            self.settled = "ack"
-
-    async def nak(self, delay: float | None = None) -> None:
-        if self.settled is None:
-            self.settled, self.delay = "nak", delay
-
-    async def term(self, letter: DeadLetter) -> None:
-        if self.settled is not None:
-            return
-        self.letters.append(letter)
-        if letter.record is not None:
-            await letter.record()
-        self.settled = "term"
-
-    async def in_progress(self) -> None:
-        if self.settled is None:
-            self.in_progress_calls += 1
 
 
 class HookedKernels(KernelThreads):
