@@ -4,6 +4,7 @@ answers, same rows afterwards."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 import pytest
@@ -229,3 +230,13 @@ async def test_transition_job_by_the_machine(meta: Meta):
         await meta.transition_job(job.job_id, JobTrigger.TERMINAL_FAILURE)
     with pytest.raises(NotFoundError):
         await meta.transition_job("nope", JobTrigger.CANCEL)
+
+
+async def test_submit_is_idempotent_per_key(meta: Meta):
+    new = make_new_job(key="k1")
+    first = await meta.submit_job(new)
+    again = await meta.submit_job(dataclasses.replace(new, job_id="other"))
+    assert first.created and not again.created and again.job.job_id == first.job.job_id
+    assert (first.job.state, first.job.generation, first.job.tiles_total) == (JobState.QUEUED, 0, 0)
+    with pytest.raises(ConflictError):
+        await meta.submit_job(make_new_job(key="k1", body={"spp": 1}))
