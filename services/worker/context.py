@@ -22,18 +22,110 @@ from services.worker.kernels import KernelThreads
 from services.worker.scenes import SceneCache
 from shared.core.config import LeaseSettings, WorkerSettings
 from shared.core.errors import TerminalError
-from shared.core.lifecycle import JobTrigger, is_terminal
+from shared.core.lifecycle import JobTrigger, TileTrigger, is_terminal
 from shared.core.retry import RetryPolicy
-from shared.metadata import Job, MetadataStore
+from shared.metadata import AttemptOutcome, CommitOutcome, Job, Tile, TileCommit
 from shared.nats.jetstream import publish
-from shared.nats.leases import Leases, ProgressPointers
+from shared.nats.leases import Lease, LeaseOwner, ProgressPointer
 from shared.objectstore import ObjectStore
 from shared.service.announce import fail_job
 from shared.service.logs import Log
 from shared.service.metrics import Metrics
 from shared.service.runtime import Runtime
 
-__all__ = ["JobCache", "NatsTileEvents", "StopReason", "StopView", "TileContext", "TileEvents"]
+__all__ = [
+    "JobCache",
+    "LeaseStore",
+    "NatsTileEvents",
+    "PointerStore",
+    "StopReason",
+    "StopView",
+    "TileContext",
+    "TileEvents",
+    "TileStore",
+]
+
+
+class TileStore(Protocol):
+    """The metadata operations a tile run uses (:class:`~shared.metadata.MetadataStore` has
+    them; ``tests/doubles/metadata.py`` is the in-memory double, held to it by a contract)."""
+
+    async def get_job(self, job_id: str) -> Job | None: ...
+
+    async def get_tile(self, job_id: str, tile_index: int) -> Tile | None: ...
+
+    async def is_cancel_requested(self, job_id: str) -> bool: ...
+
+    async def fence_tile(
+        self,
+        job_id: str,
+        tile_index: int,
+        *,
+        token: int,
+        attempt_id: str,
+        node: str,
+        resumed_from: int = 0,
+        seen: Tile | None = None,
+    ) -> bool: ...
+
+    async def record_progress(
+        self,
+        job_id: str,
+        tile_index: int,
+        *,
+        token: int,
+        samples_done: int,
+        node: str = "",
+        attempt_id: str | None = None,
+    ) -> bool: ...
+
+    async def commit_tile(self, done: TileCommit) -> CommitOutcome: ...
+
+    async def fail_tile(
+        self,
+        job_id: str,
+        tile_index: int,
+        *,
+        token: int | None,
+        attempt_id: str | None,
+        trigger: TileTrigger,
+        error_code: str,
+        error: str,
+        node: str,
+        outcome: AttemptOutcome | str,
+        job_trigger: JobTrigger | None = None,
+    ) -> Tile | None: ...
+
+    async def end_attempt(
+        self,
+        attempt_id: str,
+        *,
+        outcome: AttemptOutcome | str,
+        error_code: str | None = None,
+        error: str | None = None,
+    ) -> None: ...
+
+
+class LeaseStore(Protocol):
+    """The lease operations a tile run and its heartbeat use (:class:`~shared.nats.leases.Leases`
+    satisfies it)."""
+
+    async def acquire(self, key: str, owner: LeaseOwner) -> Lease | None: ...
+
+    async def renew(self, lease: Lease) -> Lease: ...
+
+    async def release(self, lease: Lease) -> bool: ...
+
+
+class PointerStore(Protocol):
+    """The progress pointers a tile run's checkpoints use
+    (:class:`shared.nats.leases.ProgressPointers`)."""
+
+    async def get(self, key: str) -> tuple[ProgressPointer, int] | None: ...
+
+    async def put(self, key: str, pointer: ProgressPointer, *, last: int | None) -> int: ...
+
+    async def delete(self, key: str) -> None: ...
 
 
 class StopReason(StrEnum):
@@ -69,7 +161,7 @@ class JobCache:
     cancel-requested row is read again. At most ``size`` rows, least recently used dropped.
     """
 
-    def __init__(self, db: MetadataStore, size: int) -> None:
+    def __init__(self, db: TileStore, size: int) -> None:
         self.db, self.size = db, size
         self._jobs: OrderedDict[str, Job] = OrderedDict()
 
@@ -123,9 +215,9 @@ class NatsTileEvents:
 class TileContext:
     """Everything a tile run uses; built once per worker."""
 
-    db: MetadataStore
-    leases: Leases
-    progress: ProgressPointers
+    db: TileStore
+    leases: LeaseStore
+    progress: PointerStore
     store: ObjectStore
     events: TileEvents
     jobs: JobCache

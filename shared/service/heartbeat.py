@@ -9,21 +9,28 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Protocol
 
 from shared.core import crash
 from shared.core.errors import LeaseLost, RetryableError
-from shared.nats.leases import Lease, Leases
+from shared.nats.leases import Lease
 from shared.service.logs import Log
 from shared.service.settle import Delivery
 
-__all__ = ["Heartbeat"]
+__all__ = ["Heartbeat", "Renewer"]
+
+
+class Renewer(Protocol):
+    """What a heartbeat needs of a lease store (:class:`shared.nats.leases.Leases` has it)."""
+
+    async def renew(self, lease: Lease) -> Lease: ...
 
 
 class Heartbeat:
     """Keeps one lease (and its message) alive until stopped or lost."""
 
     def __init__(
-        self, leases: Leases, lease: Lease, delivery: Delivery | None, interval: float, log: Log
+        self, leases: Renewer, lease: Lease, delivery: Delivery | None, interval: float, log: Log
     ) -> None:
         self.leases = leases
         self.lease = lease

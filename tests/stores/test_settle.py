@@ -103,6 +103,19 @@ async def test_retry_naks_with_its_delay_and_hand_back_at_once(js, stream, fetch
         await sub.unsubscribe()
 
 
+async def test_data_and_deliveries_are_the_messages(js, stream, fetch):
+    # What tests/worker/test_tile_run_unit.py's FakeDelivery stands for, on a real consumer.
+    sub = await js.pull_subscribe_bind(n.CONSUMER_WORKERS, stream)
+    try:
+        first = Delivery(await fetch(), Copies(js, stream))
+        assert (first.data, first.deliveries) == (b"t", 1)
+        await settle(first, HAND_BACK)
+        (again,) = await sub.fetch(1, timeout=5)
+        assert (Delivery(again, Copies(js, stream)).deliveries, again.data) == (2, b"t")
+    finally:
+        await sub.unsubscribe()
+
+
 async def test_a_dead_letter_is_copied_and_recorded_before_the_term_deletes_it(js, stream, fetch):
     msg = await fetch()
     copies = Copies(js, stream)

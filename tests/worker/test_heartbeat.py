@@ -40,7 +40,7 @@ class SwallowingLeases:
 async def test_stop_survives_a_swallowed_cancel_and_no_renew_follows() -> None:
     lease = Lease("tile.j.0", token=1, revision=1, owner=LeaseOwner("n", "a"), ttl=2)
     leases = SwallowingLeases()
-    beat = Heartbeat(leases, lease, None, 0.01, Log("test")).start()  # type: ignore[arg-type]
+    beat = Heartbeat(leases, lease, None, 0.01, Log("test")).start()
     await asyncio.wait_for(leases.in_renew.wait(), 5)
     stopped = await asyncio.wait_for(beat.stop(), 5)  # bounded: a lost cancel must not hang it
     assert leases.swallowed == 1

@@ -1,0 +1,323 @@
+"""The metadata operations of a tile run and the scheduler, in memory.
+
+What :class:`shared.metadata.MetadataStore` promises for the methods below, without a server:
+every state move through :mod:`shared.core.lifecycle`'s pure functions (an illegal move raises
+:class:`~shared.core.lifecycle.IllegalTransition` and changes nothing), the owner's writes fenced
+(``lease_fence < token`` to fence, ``lease_fence == token`` for everything after), a refused
+commit told ALREADY_DONE from FENCED and closing the attempt as ``fenced``, and an attempt's
+first outcome winning. No audit trail, no inline results, no operator queries: what the tile
+run and the scheduler do not read. ``tests/doubles/test_metadata_contract.py`` holds it to the
+real store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from shared.core.errors import ConflictError, NotFoundError, ValidationError
+from shared.core.lifecycle import (
+    IllegalTransition,
+    JobState,
+    JobTrigger,
+    TileState,
+    TileTrigger,
+    is_terminal,
+    transition_job,
+    transition_tile,
+)
+from shared.metadata import (
+    Attempt,
+    AttemptOutcome,
+    CommitOutcome,
+    Job,
+    NewJob,
+    SubmitResult,
+    Tile,
+    TileCommit,
+)
+from shared.metadata.store import CANCEL_IF_IDLE
+
+__all__ = ["MemoryMetadata"]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _outcome(value: AttemptOutcome | str) -> AttemptOutcome:
+    try:
+        return AttemptOutcome(value)
+    except ValueError:
+        raise ValidationError(f"attempt outcome {value!r} is not an AttemptOutcome") from None
+
+
+class MemoryMetadata:
+    """Jobs, tiles and attempts in dicts; the subset of ``MetadataStore`` the services use."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, Job] = {}
+        self.tiles: dict[tuple[str, int], Tile] = {}
+        self.attempt_rows: dict[str, Attempt] = {}
+
+    # ---- jobs -----------------------------------------------------------------------------
+
+    async def submit_job(self, new: NewJob) -> SubmitResult:
+        for job in self.jobs.values():
+            if job.idempotency_key == new.idempotency_key:
+                if job.fingerprint != new.fingerprint:
+                    raise ConflictError(f"idempotency key {new.idempotency_key!r} is bound")
+                return SubmitResult(job, created=False)
+        now = _now()
+        fields = {f.name: getattr(new, f.name) for f in dataclasses.fields(NewJob)}
+        job = Job(**fields, tiles_total=0, state=JobState.QUEUED, generation=0,
+                  cancel_requested=False, result_location=None, result_sha256=None,
+                  float_location=None, last_error_code=None, last_error=None, created_at=now,
+                  updated_at=now, finished_at=None)  # fmt: skip
+        self.jobs[job.job_id] = job
+        return SubmitResult(job, created=True)
+
+    async def get_job(self, job_id: str) -> Job | None:
+        return self.jobs.get(job_id)
+
+    def _job(self, job_id: str) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise NotFoundError(f"job {job_id} does not exist")
+        return job
+
+    def _move_job(
+        self,
+        job_id: str,
+        trigger: JobTrigger,
+        *,
+        error_code: str | None = None,
+        error: str | None = None,
+    ) -> Job:
+        job = self._job(job_id)
+        target = transition_job(job.state, trigger)
+        changes: dict[str, object] = {
+            "last_error_code": job.last_error_code if error_code is None else error_code,
+            "last_error": job.last_error if error is None else error,
+        }
+        if target != job.state:
+            changes |= {"state": target, "finished_at": _now() if is_terminal(target) else None}
+        if target != job.state or error_code is not None or error is not None:
+            changes["updated_at"] = _now()
+        self.jobs[job_id] = moved = dataclasses.replace(job, **changes)  # type: ignore[arg-type]
+        return moved
+
+    async def transition_job(
+        self,
+        job_id: str,
+        trigger: JobTrigger,
+        *,
+        expected: JobState | None = None,
+        node: str = "",
+        attempt_id: str | None = None,
+        error_code: str | None = None,
+        error: str | None = None,
+        detail: str | None = None,
+    ) -> Job:
+        job = self._job(job_id)
+        if expected is not None:
+            transition_job(expected, trigger)  # illegal from ``expected``: say so first
+            if job.state != expected:
+                raise IllegalTransition(f"job {job_id}: expected {expected}, is {job.state}")
+        return self._move_job(job_id, trigger, error_code=error_code, error=error)
+
+    async def request_cancel(self, job_id: str, *, node: str = "") -> Job:
+        self._move_job(job_id, JobTrigger.CANCEL)
+        self.jobs[job_id] = dataclasses.replace(self.jobs[job_id], cancel_requested=True)
+        for key, tile in self.tiles.items():
+            if key[0] == job_id and tile.state in CANCEL_IF_IDLE:
+                self._put_tile(tile, state=transition_tile(tile.state, TileTrigger.CANCEL))
+        return self.jobs[job_id]
+
+    async def is_cancel_requested(self, job_id: str) -> bool:
+        return self._job(job_id).cancel_requested
+
+    # ---- tiles ----------------------------------------------------------------------------
+
+    async def plan_tiles(
+        self, job_id: str, rects: Sequence[tuple[int, int, int, int]], *, node: str = ""
+    ) -> list[Tile]:
+        if not rects or any(x1 <= x0 or y1 <= y0 or min(x0, y0) < 0 for x0, y0, x1, y1 in rects):
+            raise ValidationError("plan: a job needs non-empty tiles")
+        job = self._job(job_id)
+        if job.tiles_total not in (0, len(rects)):
+            raise ConflictError(f"job {job_id} is planned with {job.tiles_total} tiles")
+        try:
+            self._move_job(job_id, JobTrigger.TILES_PLANNED)
+        except IllegalTransition:
+            if job.tiles_total == 0:
+                raise
+        now = _now()
+        for i, (x0, y0, x1, y1) in enumerate(rects):
+            self.tiles.setdefault((job_id, i), Tile(
+                job_id, i, x0, y0, x1, y1, state=TileState.QUEUED, lease_fence=0, generation=0,
+                samples_done=0, result_key=None, result_sha256=None, attempt_count=0,
+                last_error_code=None, last_error=None, published_at=None, updated_at=now,
+            ))  # fmt: skip
+        self.jobs[job_id] = dataclasses.replace(self.jobs[job_id], tiles_total=len(rects))
+        tiles = await self.list_tiles(job_id)
+        if [tuple(t.rect) for t in tiles] != [tuple(r) for r in rects]:
+            raise ConflictError(f"job {job_id} is already planned with different rectangles")
+        return tiles
+
+    async def get_tile(self, job_id: str, tile_index: int) -> Tile | None:
+        return self.tiles.get((job_id, tile_index))
+
+    async def list_tiles(self, job_id: str) -> list[Tile]:
+        return sorted((t for k, t in self.tiles.items() if k[0] == job_id),
+                      key=lambda t: t.tile_index)  # fmt: skip
+
+    def _tile(self, job_id: str, tile_index: int) -> Tile:
+        tile = self.tiles.get((job_id, tile_index))
+        if tile is None:
+            raise NotFoundError(f"tile {tile_index} of job {job_id} does not exist")
+        return tile
+
+    def _put_tile(self, tile: Tile, **changes: object) -> Tile:
+        moved = dataclasses.replace(tile, **changes, updated_at=_now())  # type: ignore[arg-type]
+        self.tiles[tile.job_id, tile.tile_index] = moved
+        return moved
+
+    async def mark_published(
+        self, job_id: str, tile_indexes: Sequence[int], generation: int
+    ) -> None:
+        for i in tile_indexes:
+            if (tile := self.tiles.get((job_id, i))) is not None:
+                self.tiles[job_id, i] = dataclasses.replace(
+                    tile, published_at=_now(), generation=max(tile.generation, generation)
+                )
+
+    # ---- the owner's fenced writes --------------------------------------------------------
+
+    async def fence_tile(
+        self,
+        job_id: str,
+        tile_index: int,
+        *,
+        token: int,
+        attempt_id: str,
+        node: str,
+        resumed_from: int = 0,
+        seen: Tile | None = None,
+    ) -> bool:
+        tile, job = self._tile(job_id, tile_index), self._job(job_id)
+        if job.cancel_requested or is_terminal(job.state) or tile.lease_fence >= token:
+            return False
+        try:
+            target = transition_tile(tile.state, TileTrigger.LEASE)
+            transition_job(job.state, JobTrigger.TILE_STARTED)
+        except IllegalTransition:
+            return False
+        self._move_job(job_id, JobTrigger.TILE_STARTED)
+        self._put_tile(tile, state=target, lease_fence=token, samples_done=resumed_from,
+                       attempt_count=tile.attempt_count + 1)  # fmt: skip
+        self.attempt_rows.setdefault(attempt_id, Attempt(
+            attempt_id, job_id, tile_index, "tile", node, token, resumed_from,
+            started_at=_now(), ended_at=None, outcome=None, error_code=None, error=None,
+        ))  # fmt: skip
+        return True
+
+    async def record_progress(
+        self,
+        job_id: str,
+        tile_index: int,
+        *,
+        token: int,
+        samples_done: int,
+        node: str = "",
+        attempt_id: str | None = None,
+    ) -> bool:
+        tile = self._tile(job_id, tile_index)
+        if tile.lease_fence != token:
+            return False
+        try:
+            target = transition_tile(tile.state, TileTrigger.PROGRESS)
+        except IllegalTransition:
+            return False
+        self._put_tile(tile, state=target, samples_done=samples_done)
+        return True
+
+    async def commit_tile(self, done: TileCommit) -> CommitOutcome:
+        tile = self._tile(done.job_id, done.tile_index)
+        self._job(done.job_id)  # NotFoundError first, as the store's join
+        if tile.state == TileState.DONE or tile.lease_fence != done.token:
+            self._end(done.attempt_id, AttemptOutcome.FENCED)
+            already = tile.state == TileState.DONE
+            return CommitOutcome.ALREADY_DONE if already else CommitOutcome.FENCED
+        try:
+            target = transition_tile(tile.state, TileTrigger.COMMIT)
+        except IllegalTransition:  # the fence is ours but the lease was lost or handed back
+            self._end(done.attempt_id, AttemptOutcome.FENCED)
+            return CommitOutcome.FENCED
+        # Illegal when e.g. the job is already terminal: the tile's commit still stands.
+        with contextlib.suppress(IllegalTransition):
+            self._move_job(done.job_id, JobTrigger.TILE_PROGRESS)
+        self._put_tile(tile, state=target, result_key=done.result_key,
+                       result_sha256=done.result_sha256, samples_done=done.samples_done,
+                       last_error_code=None, last_error=None)  # fmt: skip
+        self._end(done.attempt_id, AttemptOutcome.DONE)
+        return CommitOutcome.COMMITTED
+
+    async def fail_tile(
+        self,
+        job_id: str,
+        tile_index: int,
+        *,
+        token: int | None,
+        attempt_id: str | None,
+        trigger: TileTrigger,
+        error_code: str,
+        error: str,
+        node: str,
+        outcome: AttemptOutcome | str,
+        job_trigger: JobTrigger | None = None,
+    ) -> Tile | None:
+        checked = None if attempt_id is None else _outcome(outcome)
+        tile = self._tile(job_id, tile_index)
+        if token is not None and tile.lease_fence != token:
+            self._end(attempt_id, AttemptOutcome.FENCED)
+            return None
+        target = transition_tile(tile.state, trigger)
+        if job_trigger is not None:
+            with contextlib.suppress(IllegalTransition):  # best effort, as in the store
+                self._move_job(job_id, job_trigger, error_code=error_code, error=error)
+        moved = self._put_tile(tile, state=target, last_error_code=error_code, last_error=error)
+        if checked is not None:
+            self._end(attempt_id, checked, error_code, error)
+        return moved
+
+    async def end_attempt(
+        self,
+        attempt_id: str,
+        *,
+        outcome: AttemptOutcome | str,
+        error_code: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        self._end(attempt_id, _outcome(outcome), error_code, error)
+
+    def _end(
+        self,
+        attempt_id: str | None,
+        outcome: AttemptOutcome,
+        error_code: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        """Close the attempt; the first outcome wins."""
+        row = None if attempt_id is None else self.attempt_rows.get(attempt_id)
+        if row is None or row.ended_at is not None:
+            return
+        self.attempt_rows[row.attempt_id] = dataclasses.replace(
+            row, ended_at=_now(), outcome=outcome, error_code=error_code, error=error
+        )
+
+    async def attempts(self, job_id: str) -> list[Attempt]:
+        """The job's attempts in start order."""
+        return [a for a in self.attempt_rows.values() if a.job_id == job_id]

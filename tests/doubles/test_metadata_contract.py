@@ -1,0 +1,242 @@
+"""One contract for the metadata operations of the tile run and the scheduler: the in-memory
+double (:mod:`tests.doubles.metadata`) and the real store on PostgreSQL, same inputs, same
+answers, same rows afterwards."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+
+import pytest
+
+from shared.core.errors import ConflictError, NotFoundError, ValidationError
+from shared.core.lifecycle import IllegalTransition, JobState, JobTrigger, TileState, TileTrigger
+from shared.metadata import AttemptOutcome, CommitOutcome, Job, Tile, TileCommit
+from tests.doubles.conftest import Meta
+from tests.metadata.conftest import RECTS, make_new_job
+
+
+async def _planned(meta: Meta) -> Job:
+    job = (await meta.submit_job(make_new_job())).job
+    await meta.plan_tiles(job.job_id, RECTS, node="n")
+    got = await meta.get_job(job.job_id)
+    assert got is not None
+    return got
+
+
+async def _tile(meta: Meta, job_id: str, i: int = 0) -> Tile:
+    tile = await meta.get_tile(job_id, i)
+    assert tile is not None
+    return tile
+
+
+async def _state(meta: Meta, job_id: str) -> JobState:
+    job = await meta.get_job(job_id)
+    assert job is not None
+    return job.state
+
+
+async def _outcomes(meta: Meta, job_id: str) -> dict[str, AttemptOutcome | None]:
+    return {a.attempt_id: a.outcome for a in await meta.attempts(job_id)}
+
+
+def _commit(job_id: str, token: int, attempt: str, i: int = 0) -> TileCommit:
+    return TileCommit(job_id, i, token=token, attempt_id=attempt, result_key=f"r/{attempt}",
+                      result_sha256="ab" * 32, samples_done=16, node="n")  # fmt: skip
+
+
+async def _fence(meta: Meta, job_id: str, token: int, attempt: str, i: int = 0) -> bool:
+    seen = await meta.get_tile(job_id, i)
+    return await meta.fence_tile(job_id, i, token=token, attempt_id=attempt, node="n", seen=seen)
+
+
+async def test_plan_is_idempotent_and_refuses_another_plan(meta: Meta):
+    job = (await meta.submit_job(make_new_job())).job
+    assert job.state is JobState.QUEUED and await meta.get_job("nope") is None
+    first = await meta.plan_tiles(job.job_id, RECTS)
+    again = await meta.plan_tiles(job.job_id, RECTS)
+    assert [t.rect for t in first] == [t.rect for t in again] == [tuple(r) for r in RECTS]
+    assert all(t.state is TileState.QUEUED and t.lease_fence == 0 for t in again)
+    planned = await meta.get_job(job.job_id)
+    assert planned is not None and planned.tiles_total == 4 and planned.state is JobState.RUNNING
+    with pytest.raises(ConflictError):
+        await meta.plan_tiles(job.job_id, RECTS[:2])
+    with pytest.raises(ConflictError):
+        await meta.plan_tiles(job.job_id, [(0, 0, 1, 1), *RECTS[1:]])
+    with pytest.raises(ValidationError):
+        await meta.plan_tiles(job.job_id, [])
+    with pytest.raises(NotFoundError):
+        await meta.plan_tiles("nope", RECTS)
+
+
+async def test_a_cancelled_job_is_not_planned_and_cancels_its_idle_tiles(meta: Meta):
+    unplanned = (await meta.submit_job(make_new_job())).job
+    await meta.request_cancel(unplanned.job_id)
+    with pytest.raises(IllegalTransition):
+        await meta.plan_tiles(unplanned.job_id, RECTS)
+    job = await _planned(meta)
+    assert await _fence(meta, job.job_id, 7, "a")
+    cancelled = await meta.request_cancel(job.job_id)
+    assert cancelled.state is JobState.CANCELLED and cancelled.cancel_requested
+    assert await meta.is_cancel_requested(job.job_id)
+    states = [t.state for t in await meta.list_tiles(job.job_id)]
+    assert states == [TileState.LEASED] + [TileState.CANCELLED] * 3, "its owner stops a leased one"
+    assert not await _fence(meta, job.job_id, 9, "b", 0), "no new owner for a cancelled job"
+    with pytest.raises(IllegalTransition):
+        await meta.request_cancel(job.job_id)
+    with pytest.raises(NotFoundError):
+        await meta.is_cancel_requested("nope")
+
+
+async def test_mark_published_never_moves_the_generation_back(meta: Meta):
+    job = await _planned(meta)
+    await meta.mark_published(job.job_id, [0, 1], 2)
+    await meta.mark_published(job.job_id, [0], 1)
+    tiles = await meta.list_tiles(job.job_id)
+    assert [t.generation for t in tiles] == [2, 2, 0, 0]
+    assert [t.published_at is not None for t in tiles] == [True, True, False, False]
+
+
+async def test_the_fence_takes_only_a_larger_token(meta: Meta):
+    job = await _planned(meta)
+    assert await _fence(meta, job.job_id, 5, "a")
+    tile = await _tile(meta, job.job_id)
+    assert (tile.state, tile.lease_fence, tile.attempt_count) == (TileState.LEASED, 5, 1)
+    assert await _state(meta, job.job_id) is JobState.PROGRESSING
+    assert not await _fence(meta, job.job_id, 5, "b"), "an equal token is not newer"
+    assert not await _fence(meta, job.job_id, 4, "c"), "nor a smaller one"
+    assert await _fence(meta, job.job_id, 6, "d"), "a takeover by a newer owner"
+    tile = await _tile(meta, job.job_id)
+    assert (tile.state, tile.lease_fence, tile.attempt_count) == (TileState.LEASED, 6, 2)
+    assert await _outcomes(meta, job.job_id) == {"a": None, "d": None}, "refusals record none"
+    with pytest.raises(NotFoundError):
+        await _fence(meta, job.job_id, 9, "e", 99)
+
+
+async def test_progress_is_fenced(meta: Meta):
+    job = await _planned(meta)
+    assert await _fence(meta, job.job_id, 5, "a")
+    assert await _fence(meta, job.job_id, 6, "b")
+    assert not await meta.record_progress(job.job_id, 0, token=5, samples_done=4)
+    assert await meta.record_progress(job.job_id, 0, token=6, samples_done=8)
+    tile = await _tile(meta, job.job_id)
+    assert (tile.state, tile.samples_done) == (TileState.PROGRESSING, 8)
+    assert not await meta.record_progress(job.job_id, 1, token=6, samples_done=8), "not leased"
+
+
+async def test_commit_refusals_tell_fenced_from_already_done(meta: Meta):
+    job = await _planned(meta)
+    assert await _fence(meta, job.job_id, 5, "old")
+    assert await _fence(meta, job.job_id, 6, "new")
+    assert await meta.commit_tile(_commit(job.job_id, 5, "old")) is CommitOutcome.FENCED
+    assert (await _tile(meta, job.job_id)).state is TileState.LEASED
+    assert await meta.commit_tile(_commit(job.job_id, 6, "new")) is CommitOutcome.COMMITTED
+    tile = await _tile(meta, job.job_id)
+    assert (tile.state, tile.result_key, tile.samples_done) == (TileState.DONE, "r/new", 16)
+    again = await meta.commit_tile(_commit(job.job_id, 6, "new"))
+    assert again is CommitOutcome.ALREADY_DONE
+    assert await _outcomes(meta, job.job_id) == {
+        "old": AttemptOutcome.FENCED,
+        "new": AttemptOutcome.DONE,  # the first outcome wins: the repeat's "fenced" is ignored
+    }
+    assert not await _fence(meta, job.job_id, 7, "late"), "a done tile is never fenced again"
+
+
+async def test_a_commit_stands_when_the_job_went_terminal_meanwhile(meta: Meta):
+    job = await _planned(meta)
+    assert await _fence(meta, job.job_id, 5, "a")
+    await meta.request_cancel(job.job_id)
+    assert await meta.commit_tile(_commit(job.job_id, 5, "a")) is CommitOutcome.COMMITTED
+    assert await _state(meta, job.job_id) is JobState.CANCELLED
+
+
+async def test_a_commit_of_a_tile_no_longer_working_is_fenced(meta: Meta):
+    job = await _planned(meta)
+    assert await _fence(meta, job.job_id, 5, "a")
+    await meta.fail_tile(job.job_id, 0, token=5, attempt_id="a", trigger=TileTrigger.LEASE_LOST,
+                         error_code="x", error="x", node="n", outcome="lease_lost")  # fmt: skip
+    assert await meta.commit_tile(_commit(job.job_id, 5, "a")) is CommitOutcome.FENCED
+    assert (await _tile(meta, job.job_id)).state is TileState.QUEUED
+    assert await _outcomes(meta, job.job_id) == {"a": AttemptOutcome.LEASE_LOST}
+
+
+async def test_fail_tile_is_fenced_and_moves_by_the_machine(meta: Meta):
+    job = await _planned(meta)
+    assert await _fence(meta, job.job_id, 5, "old")
+    assert await _fence(meta, job.job_id, 6, "new")
+    stale = await meta.fail_tile(
+        job.job_id, 0, token=5, attempt_id="old", trigger=TileTrigger.RETRYABLE_FAILURE,
+        error_code="e", error="boom", node="n", outcome="retryable",
+    )  # fmt: skip
+    assert stale is None and (await _tile(meta, job.job_id)).state is TileState.LEASED
+    moved = await meta.fail_tile(
+        job.job_id, 0, token=6, attempt_id="new", trigger=TileTrigger.RETRYABLE_FAILURE,
+        error_code="e", error="boom", node="n", outcome="retryable",
+    )  # fmt: skip
+    assert moved is not None and moved.state is TileState.FAILED_RETRYABLE
+    assert (moved.last_error_code, moved.last_error) == ("e", "boom")
+    assert await _outcomes(meta, job.job_id) == {
+        "old": AttemptOutcome.FENCED,
+        "new": AttemptOutcome.RETRYABLE,
+    }
+    with pytest.raises(IllegalTransition):  # a retryable failure of a tile not working
+        await meta.fail_tile(
+            job.job_id, 0, token=6, attempt_id="new", trigger=TileTrigger.RETRYABLE_FAILURE,
+            error_code="e", error="boom", node="n", outcome="retryable",
+        )  # fmt: skip
+    with pytest.raises(ValidationError):
+        await meta.fail_tile(
+            job.job_id, 0, token=6, attempt_id="new", trigger=TileTrigger.CANCEL,
+            error_code="e", error="boom", node="n", outcome="bogus",
+        )  # fmt: skip
+    dead = await meta.fail_tile(
+        job.job_id, 1, token=None, attempt_id=None, trigger=TileTrigger.DEAD_LETTER,
+        error_code="max_deliveries", error="gone", node="n", outcome=AttemptOutcome.TERMINAL,
+        job_trigger=JobTrigger.DEAD_LETTER,
+    )  # fmt: skip
+    assert dead is not None and dead.state is TileState.DEAD_LETTERED
+    failed = await meta.get_job(job.job_id)
+    assert failed is not None and failed.state is JobState.DEAD_LETTERED
+    assert (failed.last_error_code, failed.finished_at is not None) == ("max_deliveries", True)
+
+
+async def test_end_attempt_first_outcome_wins(meta: Meta):
+    job = await _planned(meta)
+    assert await _fence(meta, job.job_id, 5, "a")
+    await meta.end_attempt("a", outcome="handed_back")
+    await meta.end_attempt("a", outcome=AttemptOutcome.FENCED, error_code="fenced")
+    await meta.end_attempt(uuid.uuid4().hex, outcome="fenced")  # unknown: nothing to close
+    (attempt,) = await meta.attempts(job.job_id)
+    assert (attempt.outcome, attempt.error_code) == (AttemptOutcome.HANDED_BACK, None)
+    assert attempt.ended_at is not None and (attempt.fence, attempt.node) == (5, "n")
+    with pytest.raises(ValidationError):
+        await meta.end_attempt("a", outcome="bogus")
+
+
+async def test_transition_job_by_the_machine(meta: Meta):
+    job = await _planned(meta)
+    with pytest.raises(IllegalTransition):
+        await meta.transition_job(job.job_id, JobTrigger.FINALIZED)
+    with pytest.raises(IllegalTransition):
+        await meta.transition_job(job.job_id, JobTrigger.CANCEL, expected=JobState.QUEUED)
+    same = await meta.transition_job(job.job_id, JobTrigger.TILES_PLANNED)
+    assert same.state is JobState.RUNNING and same.finished_at is None
+    failed = await meta.transition_job(
+        job.job_id, JobTrigger.TERMINAL_FAILURE, node="n", error_code="kernel", error="bad"
+    )
+    assert failed.state is JobState.FAILED_TERMINAL and failed.finished_at is not None
+    assert (failed.last_error_code, failed.last_error) == ("kernel", "bad")
+    with pytest.raises(IllegalTransition):
+        await meta.transition_job(job.job_id, JobTrigger.TERMINAL_FAILURE)
+    with pytest.raises(NotFoundError):
+        await meta.transition_job("nope", JobTrigger.CANCEL)
+
+
+async def test_submit_is_idempotent_per_key(meta: Meta):
+    new = make_new_job(key="k1")
+    first = await meta.submit_job(new)
+    again = await meta.submit_job(dataclasses.replace(new, job_id="other"))
+    assert first.created and not again.created and again.job.job_id == first.job.job_id
+    assert (first.job.state, first.job.generation, first.job.tiles_total) == (JobState.QUEUED, 0, 0)
+    with pytest.raises(ConflictError):
+        await meta.submit_job(make_new_job(key="k1", body={"spp": 1}))

@@ -1,0 +1,339 @@
+"""The tile run on its own: in-memory stores, the real kernel on an 8×8 tile, no servers.
+
+The stores are the doubles of ``tests/doubles`` (held to NATS KV and PostgreSQL by the contract
+suites there). The delivery is :class:`~tests.doubles.delivery.FakeDelivery`, which records how it
+was settled. Each case asserts the settle decision and what the run left in the stores. Events
+in the run (a lease lost, a newer owner, a drain) are made to happen after a given sample pass
+by :class:`HookedKernels`, so nothing depends on timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+import kernel
+from kernel.rect import Rect
+from proto import names as n
+from proto.messages import TileDone, TileMessage
+from services.worker.context import JobCache, StopView, TileContext
+from services.worker.kernels import KernelThreads
+from services.worker.scenes import SceneCache
+from services.worker.tile import TileRun
+from shared.core.config import LeaseSettings, WorkerSettings
+from shared.core.errors import LeaseLost, StoreUnavailable, TerminalError
+from shared.core.lifecycle import TileState
+from shared.core.retry import RetryPolicy
+from shared.core.tiles import Accumulator
+from shared.metadata import AttemptOutcome, CommitOutcome, Job, TileCommit
+from shared.nats.leases import Lease, LeaseOwner
+from shared.objectstore import DirectoryStore
+from shared.service.logs import Log
+from shared.service.metrics import Metrics
+from tests.doubles.delivery import FakeDelivery
+from tests.doubles.kv import MemoryLeases, MemoryPointers
+from tests.doubles.metadata import MemoryMetadata
+from tests.helpers import eventually
+from tests.metadata.conftest import make_new_job
+
+SPP = 2  # two passes of one sample: the hooks run between them
+
+
+class HookedKernels(KernelThreads):
+    """The real kernel threads; ``after_pass(end)`` runs once a pass reaching ``end`` is done."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        self.after_pass: Callable[[int], Awaitable[None]] | None = None
+
+    async def render(
+        self, prepared: kernel.Prepared, rect: Rect, start: int, end: int, acc: Accumulator
+    ) -> None:
+        await super().render(prepared, rect, start, end, acc)
+        if self.after_pass is not None:
+            await self.after_pass(end)
+
+
+class WatchedLeases(MemoryLeases):
+    """Leases whose refused renews are seen (a heartbeat that found its lease gone)."""
+
+    def __init__(self) -> None:
+        super().__init__(ttl=10)
+        self.refused = asyncio.Event()
+
+    async def renew(self, lease: Lease) -> Lease:
+        try:
+            return await super().renew(lease)
+        except LeaseLost:
+            self.refused.set()
+            raise
+
+
+class FlakyMetadata(MemoryMetadata):
+    """The metadata double, whose next ``commit_tile`` can fail as a database going away."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.commit_error: Exception | None = None
+
+    async def commit_tile(self, done: TileCommit) -> CommitOutcome:
+        if (error := self.commit_error) is not None:
+            self.commit_error = None
+            raise error
+        return await super().commit_tile(done)
+
+
+@dataclass
+class Events:
+    """:class:`~services.worker.context.TileEvents`, recorded."""
+
+    done: list[tuple[TileDone, int]] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)
+
+    async def tile_done(self, done: TileDone, fence: int) -> None:
+        self.done.append((done, fence))
+
+    async def job_failed(self, job_id: str, error: TerminalError) -> None:
+        self.failed.append((job_id, error.code))
+
+
+@dataclass
+class Rig:
+    """One worker's context on the doubles, and a planned one-tile job."""
+
+    ctx: TileContext
+    db: FlakyMetadata
+    leases: WatchedLeases
+    pointers: MemoryPointers
+    events: Events
+    kernels: HookedKernels
+    handing_back: asyncio.Event
+    cancelled: set[str]
+    job: Job
+
+    def delivery(self, deliveries: int = 1) -> FakeDelivery:
+        return FakeDelivery(TileMessage(self.job.job_id, 0).encode(), deliveries)
+
+    async def run(self, delivery: FakeDelivery | None = None) -> tuple[TileRun, FakeDelivery]:
+        d = delivery or self.delivery()
+        tile_run = TileRun(self.ctx, d)
+        await asyncio.wait_for(tile_run.run(), 60)
+        return tile_run, d
+
+    async def tile_state(self) -> TileState:
+        tile = await self.db.get_tile(self.job.job_id, 0)
+        assert tile is not None
+        return tile.state
+
+    async def outcomes(self) -> list[AttemptOutcome | None]:
+        return [a.outcome for a in await self.db.attempts(self.job.job_id)]
+
+    def count(self, name: str, **labels: str) -> float:
+        return self.ctx.metrics.registry.get_sample_value(name, labels) or 0.0
+
+    def lease_key(self) -> str:
+        return n.lease_key_tile(self.job.job_id, 0)
+
+
+async def _rig(tmp_path: Path, scene: dict[str, object] | None = None) -> Rig:
+    db, leases, pointers, events = FlakyMetadata(), WatchedLeases(), MemoryPointers(), Events()
+    doc = kernel.builtin_scene("spheres") if scene is None else scene
+    new = make_new_job(width=8, height=8, tile_size=8, spp=SPP, scene=doc)
+    job = (await db.submit_job(new)).job
+    await db.plan_tiles(job.job_id, [(0, 0, 8, 8)])
+    kernels, handing_back, cancelled = HookedKernels(), asyncio.Event(), set[str]()
+    worker = WorkerSettings(samples_per_pass=1, pass_seconds=0.0, checkpoint_interval=3600.0)
+    ctx = TileContext(
+        db=db,
+        leases=leases,
+        progress=pointers,
+        store=await DirectoryStore.open(tmp_path / "objects"),
+        events=events,
+        jobs=JobCache(db, 8),
+        scenes=SceneCache(),
+        kernels=kernels,
+        stop=StopView(handing_back, cancelled),
+        metrics=Metrics(),
+        lease_config=LeaseSettings(ttl=10, heartbeat_interval=0.05),
+        worker_config=worker,
+        retry=RetryPolicy(base=1.0, cap=8.0, jitter=0.0),
+        node="unit",
+        log=Log("test.tile_run"),
+    )
+    return Rig(ctx, db, leases, pointers, events, kernels, handing_back, cancelled, job)
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> Rig:
+    return await _rig(tmp_path)
+
+
+async def test_finished_commits_then_acks(rig: Rig):
+    tile_run, d = await rig.run()
+    assert d.settled == "ack"
+    assert await rig.tile_state() is TileState.DONE
+    assert await rig.outcomes() == [AttemptOutcome.DONE]
+    ((done, fence),) = rig.events.done
+    assert (done.job_id, done.tile_index, done.attempt_id) == (
+        rig.job.job_id,
+        0,
+        tile_run.attempt_id,
+    )
+    assert fence == tile_run.token
+    assert await rig.leases.holder(rig.lease_key()) is None, "released before the ack"
+    assert rig.count("tessera_tiles_completed_total") == 1
+
+
+async def test_lease_lost_settles_nothing(rig: Rig):
+    async def lose(end: int) -> None:
+        rig.leases.expire(rig.lease_key())
+        await asyncio.wait_for(rig.leases.refused.wait(), 10)  # the heartbeat saw it
+
+    rig.kernels.after_pass = lose
+    _, d = await rig.run()
+    assert d.settled is None, "the new owner holds the message's fate"
+    assert await rig.outcomes() == [AttemptOutcome.LEASE_LOST]
+    assert await rig.tile_state() is TileState.LEASED and rig.events.done == []
+    assert rig.count("tessera_lease_renewal_failures_total", kind="tile") == 1
+    assert rig.count("tessera_tiles_completed_total") == 0
+
+
+async def test_cancel_acks_with_the_attempt_ended(rig: Rig):
+    async def cancel(end: int) -> None:
+        await rig.db.request_cancel(rig.job.job_id)
+        rig.cancelled.add(rig.job.job_id)  # the job-cancelled event arrived
+
+    rig.kernels.after_pass = cancel
+    _, d = await rig.run()
+    assert d.settled == "ack"
+    assert await rig.tile_state() is TileState.CANCELLED
+    assert await rig.outcomes() == [AttemptOutcome.CANCELLED]
+    assert await rig.leases.holder(rig.lease_key()) is None and rig.events.done == []
+
+
+async def test_hand_back_checkpoints_and_naks_at_once(rig: Rig):
+    async def drain(end: int) -> None:
+        rig.handing_back.set()
+
+    rig.kernels.after_pass = drain
+    tile_run, d = await rig.run()
+    assert (d.settled, d.delay) == ("nak", None), "handed back: redelivered at once"
+    found = await rig.pointers.get(n.progress_key(rig.job.job_id, 0))
+    assert found is not None and found[0].samples_done == 1, "the pass done is kept"
+    assert found[0].attempt_id == tile_run.attempt_id
+    tile = await rig.db.get_tile(rig.job.job_id, 0)
+    assert tile is not None and (tile.state, tile.samples_done) == (TileState.PROGRESSING, 1)
+    assert await rig.outcomes() == [AttemptOutcome.HANDED_BACK]
+    assert await rig.leases.holder(rig.lease_key()) is None
+
+    rig.handing_back.clear()
+    rig.kernels.after_pass = None
+    again, d2 = await rig.run()  # the next delivery resumes from the checkpoint
+    assert d2.settled == "ack" and again.resumed_from == 1
+    assert await rig.tile_state() is TileState.DONE
+
+
+async def _newer_owner(rig: Rig, *, commit: bool) -> int:
+    """Another worker takes the tile over (the lease expired) and, if ``commit``, commits."""
+    rig.leases.expire(rig.lease_key())
+    lease = await rig.leases.acquire(rig.lease_key(), LeaseOwner("other", "theirs"))
+    assert lease is not None
+    job_id = rig.job.job_id
+    assert await rig.db.fence_tile(job_id, 0, token=lease.token, attempt_id="theirs", node="other")
+    if commit:
+        done = TileCommit(job_id, 0, token=lease.token, attempt_id="theirs", result_key="r/theirs",
+                          result_sha256="cd" * 32, samples_done=SPP, node="other")  # fmt: skip
+        assert await rig.db.commit_tile(done) is CommitOutcome.COMMITTED
+    return lease.token
+
+
+async def test_a_commit_refused_by_the_fence_is_counted_not_completed(rig: Rig):
+    async def take_over(end: int) -> None:
+        if end == SPP:  # after the last pass: the render finishes, the commit is refused
+            await _newer_owner(rig, commit=False)
+
+    rig.kernels.after_pass = take_over
+    tile_run, d = await rig.run()
+    assert d.settled is None, "fenced: the newer owner holds the message's fate"
+    assert rig.count("tessera_tile_commits_refused_total", reason="fenced") == 1
+    assert rig.count("tessera_tiles_completed_total") == 0 and tile_run.committed is None
+    outcomes = {a.attempt_id: a.outcome for a in await rig.db.attempts(rig.job.job_id)}
+    assert outcomes == {tile_run.attempt_id: AttemptOutcome.FENCED, "theirs": None}
+    assert await rig.tile_state() is TileState.LEASED and rig.events.done == []
+
+
+async def test_a_commit_refused_as_already_done_announces_theirs_and_acks(rig: Rig):
+    theirs: list[int] = []
+
+    async def beaten(end: int) -> None:
+        if end == SPP:
+            theirs.append(await _newer_owner(rig, commit=True))
+
+    rig.kernels.after_pass = beaten
+    tile_run, d = await rig.run()
+    assert d.settled == "ack"
+    assert rig.count("tessera_tile_commits_refused_total", reason="already_done") == 1
+    assert rig.count("tessera_tiles_completed_total") == 0 and tile_run.committed is None
+    ((done, fence),) = rig.events.done
+    assert (done.result_key, fence) == ("r/theirs", theirs[0]), "their result, announced again"
+    tile = await rig.db.get_tile(rig.job.job_id, 0)
+    assert tile is not None and tile.result_key == "r/theirs"
+
+
+async def test_a_terminal_error_is_dead_lettered_with_tile_and_job_failed(tmp_path: Path):
+    rig = await _rig(tmp_path, scene={"spheres": "not a list"})  # the kernel rejects it
+    _, d = await rig.run()
+    assert d.settled == "term"
+    (letter,) = d.letters
+    assert (letter.job_id, letter.unit, letter.error.code) == (
+        rig.job.job_id, n.dlq_unit_tile(0), "kernel_failure",
+    )  # fmt: skip
+    assert await rig.tile_state() is TileState.FAILED_TERMINAL
+    assert await rig.outcomes() == [AttemptOutcome.TERMINAL]
+    assert rig.events.failed == [(rig.job.job_id, "kernel_failure")]
+
+
+async def test_an_undecodable_message_is_dead_lettered_under_the_job_unit(rig: Rig):
+    _, d = await rig.run(FakeDelivery(b"\xff garbage"))
+    assert d.settled == "term"
+    (letter,) = d.letters
+    assert (letter.job_id, letter.unit, letter.record) == (None, n.DLQ_UNIT_JOB, None)
+
+
+async def test_a_retryable_error_naks_with_backoff_and_records_the_failure(rig: Rig):
+    rig.db.commit_error = StoreUnavailable("the database went away")
+    _, d = await rig.run(rig.delivery(deliveries=3))
+    assert (d.settled, d.delay) == ("nak", 4.0), "backoff(base 1, cap 8, no jitter) of try 3"
+    assert await rig.tile_state() is TileState.FAILED_RETRYABLE
+    assert await rig.outcomes() == [AttemptOutcome.RETRYABLE]
+    assert rig.count("tessera_retries_total", code="unavailable") == 1
+    assert await rig.leases.holder(rig.lease_key()) is None
+
+
+async def test_a_lease_held_elsewhere_retries_after_a_ttl_without_working(rig: Rig):
+    assert await rig.leases.acquire(rig.lease_key(), LeaseOwner("other", "theirs"))
+    _, d = await rig.run()
+    assert (d.settled, d.delay) == ("nak", 10.0)
+    assert await rig.tile_state() is TileState.QUEUED and await rig.outcomes() == []
+
+
+async def test_a_done_tile_is_announced_again_and_acked(rig: Rig):
+    first, _ = await rig.run()
+    again, d = await rig.run()
+    assert d.settled == "ack" and again.token is None, "nothing leased the second time"
+    assert [fence for _, fence in rig.events.done] == [first.token, first.token]
+
+
+async def test_the_heartbeat_extends_the_delivery(rig: Rig):
+    async def hold(end: int) -> None:
+        if end == 1:
+            await eventually(lambda: d.in_progress_calls >= 2, what="two heartbeats")
+
+    d = rig.delivery()
+    rig.kernels.after_pass = hold
+    await rig.run(d)
+    assert d.settled == "ack"
