@@ -36,8 +36,9 @@ COMPOSE_SERVICE = {
 
 
 def known_variables() -> set[str]:
-    """Every TESSERA_* name shared/core/config.py reads: literals in its source + every knob's."""
-    source = Path(shared.core.config.__file__).read_text()
+    """Every TESSERA_* name shared/core/config/ reads: literals in its sources + every knob's."""
+    package = Path(shared.core.config.__file__).parent
+    source = "".join(p.read_text() for p in sorted(package.glob("*.py")))
     literals = set(re.findall(r"TESSERA_[A-Z0-9_]+", source))
     return literals | variables()
 

@@ -1,0 +1,244 @@
+"""The groups of one service role each: worker, scheduler, sweeper, finalizer, gateway."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from shared.core.config.knobs import MiB, _knob
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """A worker process: its kernel threads, the tiles it holds, its caches, its passes."""
+
+    #: kernel threads per worker process (0 = number of cores)
+    slots: int = _knob(
+        0,
+        "TESSERA_WORKER_SLOTS",
+        "kernel threads per worker (0: number of cores)",
+        read_by="worker",
+        minimum=0,
+    )
+    #: tile messages a worker holds at once (0 = twice ``slots``, so renderers never wait for a
+    #: tile's commit I/O)
+    in_hand: int = _knob(
+        0,
+        "TESSERA_WORKER_IN_HAND",
+        "tile messages a worker holds at once (0: twice its kernel threads, so renderers never "
+        "wait for a tile's commit I/O)",
+        read_by="worker",
+        minimum=0,
+    )
+    #: seconds between checkpoints of a tile's accumulator
+    checkpoint_interval: float = _knob(
+        5.0,
+        "TESSERA_CHECKPOINT_INTERVAL",
+        "seconds between accumulator checkpoints",
+        read_by="worker",
+        minimum=0.0,
+    )
+    #: samples per pixel of a tile's first pass (and the least of any pass but its last)
+    samples_per_pass: int = _knob(
+        4,
+        "TESSERA_SAMPLES_PER_PASS",
+        "samples per pixel of a tile's first pass (and the least of any other)",
+        read_by="worker",
+        minimum=1,
+    )
+    #: later passes are sized from the measured rate to take about this long: a pass is the
+    #: grain of cancel checks and checkpoints, and each costs a round trip to the event loop
+    #: (0 = every pass has ``samples_per_pass``)
+    pass_seconds: float = _knob(
+        0.5,
+        "TESSERA_PASS_SECONDS",
+        "later passes are sized to take about this long (the grain of cancel, shutdown and "
+        "checkpoint checks; 0: every pass has `SAMPLES_PER_PASS`), ≤ `PROGRESS_TIMEOUT`/2",
+        read_by="worker",
+        minimum=0.0,
+    )
+    #: a tile whose passes stop advancing for this long is aborted (progress watchdog)
+    progress_timeout: float = _knob(
+        120.0,
+        "TESSERA_PROGRESS_TIMEOUT",
+        "watchdog: abort a tile whose passes stop advancing for this long (s)",
+        read_by="worker",
+        minimum=1.0,
+    )
+    #: a finished tile result up to this many bytes (a small tile's float accumulator; 8x8 is
+    #: 1.6 KiB) is committed inline in PostgreSQL, in the fenced commit's own statement,
+    #: instead of as one object per tile; larger ones go to the object store (0 = all do)
+    inline_result_bytes: int = _knob(
+        16384,
+        "TESSERA_INLINE_RESULT_BYTES",
+        "tile results up to this size are committed inline in PostgreSQL instead of as one "
+        "object each (0: all objects)",
+        read_by="worker",
+        minimum=0,
+    )
+    #: prepared scenes (flattened arrays + BVH) a worker keeps, by count ...
+    scene_cache: int = _knob(
+        8,
+        "TESSERA_WORKER_SCENE_CACHE",
+        "prepared scenes (flattened geometry + BVH) a worker keeps, least recently used "
+        "dropped first",
+        read_by="worker",
+        minimum=1,
+    )
+    #: ... and by bytes of their arrays (a 200k-triangle mesh is ~40 MB); the newest scene
+    #: always stays, whatever its size
+    scene_cache_bytes: int = _knob(
+        512 * MiB,
+        "TESSERA_WORKER_SCENE_CACHE_BYTES",
+        "bytes of prepared scene arrays a worker keeps (the newest scene stays whatever its size)",
+        read_by="worker",
+        minimum=0,
+    )
+    #: job rows a worker caches (what tiles need of a job never changes)
+    job_cache: int = _knob(
+        256,
+        "TESSERA_WORKER_JOB_CACHE",
+        "job rows a worker caches (scene, settings, input hash), least recently used dropped first",
+        read_by="worker",
+        minimum=1,
+    )
+    #: job ids announced cancelled that a worker remembers, oldest forgotten first
+    cancel_memory: int = _knob(
+        10_000,
+        "TESSERA_WORKER_CANCEL_MEMORY",
+        "cancelled job ids a worker remembers from job-cancelled events, oldest forgotten first",
+        read_by="worker",
+        minimum=1,
+    )
+
+    def kernel_threads(self) -> int:
+        """``slots``, with 0 resolved to the number of cores."""
+        return self.slots or os.cpu_count() or 1
+
+    def tiles_in_hand(self) -> int:
+        """``in_hand``, with 0 resolved to twice the kernel threads."""
+        return self.in_hand or 2 * self.kernel_threads()
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    """The scheduler's consumers (its sweeper has :class:`SweeperSettings`)."""
+
+    #: job messages the scheduler plans at once
+    jobs_in_hand: int = _knob(
+        8,
+        "TESSERA_SCHEDULER_JOBS_IN_HAND",
+        "job messages the scheduler plans at once",
+        read_by="scheduler",
+        minimum=1,
+    )
+    #: exhausted-delivery advisories the scheduler handles at once
+    advisories_in_hand: int = _knob(
+        4,
+        "TESSERA_SCHEDULER_ADVISORIES_IN_HAND",
+        "exhausted-delivery advisories the scheduler dead-letters at once",
+        read_by="scheduler",
+        minimum=1,
+    )
+
+
+@dataclass(frozen=True)
+class SweeperSettings:
+    """The scheduler's sweeper, which re-publishes tiles whose message was lost."""
+
+    #: sweeper period
+    interval: float = _knob(
+        5.0,
+        "TESSERA_SWEEP_INTERVAL",
+        "sweeper period (s)",
+        read_by="scheduler",
+        minimum=0.1,
+    )
+    #: the age after which a stuck tile is re-published (must cover a normal redelivery)
+    age: float = _knob(
+        60.0,
+        "TESSERA_SWEEP_AGE",
+        "age of a stuck tile (no message, no lease) before it is re-published (s), > `ACK_WAIT`",
+        read_by="scheduler",
+        minimum=0.5,
+    )
+    #: tiles one sweep pass reads (a page; the next pass reads the next page)
+    batch: int = _knob(
+        1000,
+        "TESSERA_SWEEP_BATCH",
+        "stuck tiles one sweep pass reads, oldest publish first (the next pass reads the next)",
+        read_by="scheduler",
+        minimum=1,
+    )
+
+
+@dataclass(frozen=True)
+class FinalizerSettings:
+    """The finalizer: how many tile-done events it handles at once, what it reads ahead."""
+
+    #: tile-done events the finalizer handles at once
+    in_hand: int = _knob(
+        4,
+        "TESSERA_FINALIZER_IN_HAND",
+        "tile-done events a finalizer handles at once",
+        read_by="finalizer",
+        minimum=1,
+    )
+    #: bytes of tile results a finalizer reads ahead as their tile-done events arrive, so a
+    #: job's finalization does not start by reading every tile (0 = no read-ahead)
+    read_ahead_bytes: int = _knob(
+        256 * MiB,
+        "TESSERA_READ_AHEAD_BYTES",
+        "tile results a finalizer reads ahead as tile-done events arrive (0: none)",
+        read_by="finalizer",
+        minimum=0,
+    )
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """The gateway's bounded intake (see :mod:`services.gateway.intake`) and result URLs."""
+
+    #: small requests (body below ``large_body_bytes``) served at once; more are ``busy``
+    in_flight: int = _knob(
+        64,
+        "TESSERA_GATEWAY_IN_FLIGHT",
+        "small requests (body below `GATEWAY_LARGE_BODY_BYTES`) a gateway serves at once; "
+        "more are answered `busy`",
+        read_by="gateway",
+        minimum=1,
+    )
+    #: large requests (inline scenes) served at once; more are ``busy``
+    large_in_flight: int = _knob(
+        8,
+        "TESSERA_GATEWAY_LARGE_IN_FLIGHT",
+        "large requests (inline scenes) a gateway serves at once; more are answered `busy`",
+        read_by="gateway",
+        minimum=1,
+    )
+    #: processes decoding and checking large requests off the event loop
+    large_workers: int = _knob(
+        1,
+        "TESSERA_GATEWAY_LARGE_WORKERS",
+        "processes of a gateway that decode and check large requests off its event loop",
+        read_by="gateway",
+        minimum=1,
+    )
+    #: bodies of this size or more go to the large lane
+    large_body_bytes: int = _knob(
+        16 * 1024,
+        "TESSERA_GATEWAY_LARGE_BODY_BYTES",
+        "request bodies of this size or more are large (decoded in the gateway's worker process)",
+        read_by="gateway",
+        minimum=1,
+    )
+    #: lifetime (whole seconds) of a presigned result URL from ``tessera.api.result`` (S3):
+    #: short, since anyone holding the URL can download the image until it expires
+    result_url_ttl: int = _knob(
+        300,
+        "TESSERA_RESULT_URL_TTL",
+        "lifetime of a presigned result URL (`tessera.api.result`, S3 store), whole seconds, at "
+        "most 7 days; anyone holding the URL can download the image until then",
+        read_by="gateway",
+        minimum=1,
+    )
