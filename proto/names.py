@@ -111,6 +111,18 @@ class ApiVerb(StrEnum):
     DLQ_PURGE = "dlq.purge"
 
 
+def job_of_tile_subject(subject: str) -> str | None:
+    """The job id a ``TILES`` subject (``[<prefix>.]tessera.tiles.<job>.<i>``) names, if any.
+
+    For a message whose body cannot be decoded: its dead letter still names the job.
+    """
+    parts = subject.split(".")
+    if len(parts) >= 4 and parts[-4:-2] == ["tessera", "tiles"] and parts[-1].isdigit():
+        job = parts[-2]
+        return job if TOKEN_RE.fullmatch(job) else None
+    return None
+
+
 def check_token(value: str, what: str) -> str:
     """Return ``value`` if it is a subject-safe token, else raise :class:`ValidationError`."""
     if not isinstance(value, str) or TOKEN_RE.fullmatch(value) is None:

@@ -85,7 +85,9 @@ class TileRun:
         try:
             tm = TileMessage.decode(self.delivery.data)
         except DecodeError as exc:
-            return DeadLetter(None, n.DLQ_UNIT_JOB, exc)
+            # the body is garbage, but its subject still names the job
+            job_id = n.job_of_tile_subject(self.delivery.subject)
+            return DeadLetter(job_id, n.DLQ_UNIT_JOB, exc)
         self.log = self.log.bind(job_id=tm.job_id, tile=tm.tile_index)
         try:
             return await self._process(tm)

@@ -138,6 +138,11 @@ class Delivery:
         return self.msg.data
 
     @property
+    def subject(self) -> str:
+        """The subject the message was published on."""
+        return self.msg.subject
+
+    @property
     def deliveries(self) -> int:
         """How many times the message was delivered, this delivery included."""
         return int(self.msg.metadata.num_delivered)

@@ -16,8 +16,10 @@ __all__ = ["FakeDelivery"]
 class FakeDelivery(Delivery):
     """A :class:`Delivery` of ``data``, delivered ``deliveries`` times; records its settle."""
 
-    def __init__(self, data: bytes, deliveries: int = 1) -> None:  # no message: no super()
-        self._body, self._count = data, deliveries
+    def __init__(
+        self, data: bytes, deliveries: int = 1, subject: str = "tessera.tiles.j1.0"
+    ) -> None:  # no message: no super()
+        self._body, self._count, self._subject = data, deliveries, subject
         self.settled: str | None = None
         self.delay: float | None = None
         self.letters: list[DeadLetter] = []
@@ -26,6 +28,10 @@ class FakeDelivery(Delivery):
     @property
     def data(self) -> bytes:
         return self._body
+
+    @property
+    def subject(self) -> str:
+        return self._subject
 
     @property
     def deliveries(self) -> int:

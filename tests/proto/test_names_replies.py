@@ -140,3 +140,18 @@ def test_exceptions_map_to_codes(exc: BaseException, code: ErrorCode) -> None:
     body = orjson.loads(reply_for_exception(exc))
     assert body["error"]["code"] == code.value
     assert ("secret" in body["error"]["message"]) is False
+
+
+@pytest.mark.parametrize(
+    ("subject", "job"),
+    [
+        ("tessera.tiles.j1.0", "j1"),
+        ("t9.tessera.tiles.job-7.12", "job-7"),
+        ("tessera.tiles.j1.x", None),
+        ("tessera.jobs.j1", None),
+        ("garbage", None),
+        ("tessera.tiles.bad$job.1", None),
+    ],
+)
+def test_the_job_of_a_tile_subject(subject: str, job: str | None) -> None:
+    assert n.job_of_tile_subject(subject) == job

@@ -298,10 +298,10 @@ async def test_a_terminal_error_is_dead_lettered_with_tile_and_job_failed(tmp_pa
 
 
 async def test_an_undecodable_message_is_dead_lettered_under_the_job_unit(rig: Rig):
-    _, d = await rig.run(FakeDelivery(b"\xff garbage"))
+    _, d = await rig.run(FakeDelivery(b"\xff garbage", subject="t9.tessera.tiles.job-7.3"))
     assert d.settled == "term"
     (letter,) = d.letters
-    assert (letter.job_id, letter.unit, letter.record) == (None, n.DLQ_UNIT_JOB, None)
+    assert (letter.job_id, letter.unit, letter.record) == ("job-7", n.DLQ_UNIT_JOB, None)
 
 
 async def test_a_retryable_error_naks_with_backoff_and_records_the_failure(rig: Rig):
