@@ -172,8 +172,10 @@ def _put_file(path: Path, data: bytes) -> None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             temp = write_temp(path, data)
-        except FileNotFoundError:
-            continue  # a delete pruned the (then empty) directory: make it again
+        except (FileNotFoundError, FileExistsError):
+            # A delete pruned the (then empty) directory: make it again. (FileExistsError: mkdir
+            # saw it exist, then it was pruned before mkdir's own is_dir() check.)
+            continue
         commit_temp(temp, path)  # (a directory holding our temp file is never pruned)
         return
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -209,7 +211,11 @@ def _delete_file(path: Path, root: Path) -> None:
         path.unlink()
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return
-    _fsync_dir(prune_empty_dirs(path.parent, root))
+    kept = prune_empty_dirs(path.parent, root)
+    # A concurrent delete may empty and remove ``kept`` after our rmdir found it in use: our
+    # unlink went with it, and that delete makes the parent's change durable.
+    with contextlib.suppress(FileNotFoundError):
+        _fsync_dir(kept)
 
 
 def prune_empty_dirs(directory: Path, root: Path) -> Path:
