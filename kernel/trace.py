@@ -105,7 +105,7 @@ def _nearest(
 
 
 @jit_inline
-def radiance(  # noqa: C901  (the hot loop: see the docstring)
+def radiance(
     sph: np.ndarray,
     tri: np.ndarray,
     tn: np.ndarray,
