@@ -29,28 +29,29 @@ from shared.core.lifecycle import (
 
 # The first row names the events; every other row is a state; "-" is illegal.
 JOB_GRID = """
-state             tiles_planned tile_started tile_progress all_tiles_done finalized retryable_failure terminal_failure dead_letter cancel retry result_lost
-queued            running     progressing progressing -          -         failed_retryable failed_terminal dead_lettered cancelled - -
-running           running     progressing progressing finalizing -         failed_retryable failed_terminal dead_lettered cancelled - -
-progressing       progressing progressing progressing finalizing -         failed_retryable failed_terminal dead_lettered cancelled - -
-finalizing        -           -           -           finalizing completed failed_retryable failed_terminal dead_lettered cancelled - progressing
-completed         -           -           -           -          -         -                -               -             -         - -
-failed_retryable  running     progressing progressing finalizing -         failed_retryable failed_terminal dead_lettered cancelled queued -
-failed_terminal   -           -           -           -          -         -                -               -             -         queued -
-dead_lettered     -           -           -           -          -         -                -               -             -         queued -
-cancelled         -           -           -           -          -         -                -               -             -         - -
+state             tiles_planned tile_started tile_progress all_tiles_done finalized retryable_failure terminal_failure dead_letter cancel retry result_lost pause resume
+queued            running     progressing progressing -          -         failed_retryable failed_terminal dead_lettered cancelled - -           paused -
+running           running     progressing progressing finalizing -         failed_retryable failed_terminal dead_lettered cancelled - -           paused -
+progressing       progressing progressing progressing finalizing -         failed_retryable failed_terminal dead_lettered cancelled - -           paused -
+paused            paused      -           paused      finalizing -         failed_retryable failed_terminal dead_lettered cancelled - -           paused running
+finalizing        -           -           -           finalizing completed failed_retryable failed_terminal dead_lettered cancelled - progressing -      -
+completed         -           -           -           -          -         -                -               -             -         - -           -      -
+failed_retryable  running     progressing progressing finalizing -         failed_retryable failed_terminal dead_lettered cancelled queued -      paused -
+failed_terminal   -           -           -           -          -         -                -               -             -         queued -      -      -
+dead_lettered     -           -           -           -          -         -                -               -             -         queued -      -      -
+cancelled         -           -           -           -          -         -                -               -             -         - -           -      -
 """  # noqa: E501
 
 TILE_GRID = """
-state             lease progress commit retryable_failure terminal_failure dead_letter lease_lost requeue cancel result_lost
-queued            leased -           -    -                -               dead_lettered -      queued cancelled -
-leased            leased progressing done failed_retryable failed_terminal dead_lettered queued -      cancelled -
-progressing       leased progressing done failed_retryable failed_terminal dead_lettered queued -      cancelled -
-done              -      -           -    -                -               -             -      -      - queued
-failed_retryable  leased -           -    -                -               dead_lettered -      queued cancelled -
-failed_terminal   -      -           -    -                -               -             -      queued - -
-dead_lettered     -      -           -    -                -               -             -      queued - -
-cancelled         -      -           -    -                -               -             -      -      - -
+state             lease progress commit retryable_failure terminal_failure dead_letter lease_lost requeue cancel result_lost pause
+queued            leased -           -    -                -               dead_lettered -      queued cancelled -      queued
+leased            leased progressing done failed_retryable failed_terminal dead_lettered queued -      cancelled -      queued
+progressing       leased progressing done failed_retryable failed_terminal dead_lettered queued -      cancelled -      queued
+done              -      -           -    -                -               -             -      -      - queued         -
+failed_retryable  leased -           -    -                -               dead_lettered -      queued cancelled -      queued
+failed_terminal   -      -           -    -                -               -             -      queued - -              -
+dead_lettered     -      -           -    -                -               -             -      queued - -              -
+cancelled         -      -           -    -                -               -             -      -      - -              -
 """  # noqa: E501
 
 

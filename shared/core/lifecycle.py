@@ -7,15 +7,16 @@ terminal state is illegal. A ``-`` cell below is illegal.
 
 Job (``FR`` failed_retryable, ``FT`` failed_terminal, ``DL`` dead_lettered)::
 
-                 planned  started  progress all_done finalized retryable terminal dead cancel retry
-    queued       running  progr.   progr.   -        -         FR        FT       DL   canc.  -
-    running      running  progr.   progr.   final.   -         FR        FT       DL   canc.  -
-    progressing  progr.   progr.   progr.   final.   -         FR        FT       DL   canc.  -
-    finalizing   -        -        -        final.   completed FR        FT       DL   canc.  -
-    FR           running  progr.   progr.   final.   -         FR        FT       DL   canc.  queued
-    FT, DL       -        -        -        -        -         -         -        -    -      queued
+                 planned  started  progress all_done finalized retryable terminal dead cancel retry  pause
+    queued       running  progr.   progr.   -        -         FR        FT       DL   canc.  -      paused
+    running      running  progr.   progr.   final.   -         FR        FT       DL   canc.  -      paused
+    progressing  progr.   progr.   progr.   final.   -         FR        FT       DL   canc.  -      paused
+    paused       paused   -        paused   final.   -         FR        FT       DL   canc.  -      paused
+    finalizing   -        -        -        final.   completed FR        FT       DL   canc.  -      -
+    FR           running  progr.   progr.   final.   -         FR        FT       DL   canc.  queued paused
+    FT, DL       -        -        -        -        -         -         -        -    -      queued -
     completed, cancelled: no moves.
-    result_lost: finalizing -> progressing only.
+    result_lost: finalizing -> progressing only. resume: paused -> running only.
 
 ``failed_retryable`` is "the last attempt failed, the system will try again": any forward event
 (a redelivered plan or tile-done) resumes the job; an operator ``retry`` restarts it.
@@ -28,6 +29,7 @@ Tile::
     progressing  leased  progr.    done    FR         FT        DL    queued      -        canc.
     FR           leased  -         -       -          -         DL    -           queued   canc.
     FT, DL       -       -         -       -          -         -     -           queued   -
+    pause: queued, leased, progressing, FR -> queued (unreleased; the checkpoint stays).
     done: result_lost -> queued only (a late duplicate commit on a done tile is illegal).
     cancelled: no moves.
 
@@ -58,6 +60,8 @@ class JobState(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     PROGRESSING = "progressing"
+    #: an operator paused it: nothing is released, in-flight tiles checkpoint and hand back
+    PAUSED = "paused"
     FINALIZING = "finalizing"
     COMPLETED = "completed"
     FAILED_RETRYABLE = "failed_retryable"
@@ -94,6 +98,10 @@ class JobTrigger(StrEnum):
     RETRY = "retry"
     #: finalization found a committed tile result missing or corrupt: back to rendering
     RESULT_LOST = "result_lost"
+    #: an operator paused the job
+    PAUSE = "pause"
+    #: an operator resumed a paused job
+    RESUME = "resume"
 
 
 class TileTrigger(StrEnum):
@@ -110,6 +118,8 @@ class TileTrigger(StrEnum):
     CANCEL = "cancel"
     #: its committed result is missing or corrupt (found at finalization): render it again
     RESULT_LOST = "result_lost"
+    #: its job was paused: back to queued and unreleased (its checkpoint stays)
+    PAUSE = "pause"
 
 
 TERMINAL_JOB_STATES = frozenset(
@@ -123,7 +133,8 @@ TERMINAL_TILE_STATES = frozenset(
 """No work happens for a tile in these states (only ``requeue`` leaves FT and DL)."""
 
 J, JT = JobState, JobTrigger
-_JOB_ACTIVE = (J.QUEUED, J.RUNNING, J.PROGRESSING, J.FINALIZING, J.FAILED_RETRYABLE)
+_JOB_ACTIVE = (J.QUEUED, J.RUNNING, J.PROGRESSING, J.PAUSED, J.FINALIZING, J.FAILED_RETRYABLE)
+_JOB_PAUSABLE = (J.QUEUED, J.RUNNING, J.PROGRESSING, J.FAILED_RETRYABLE)
 _JOB_TABLE: dict[tuple[JobState, JobTrigger], JobState] = {
     **{(s, JT.RETRYABLE_FAILURE): J.FAILED_RETRYABLE for s in _JOB_ACTIVE},
     **{(s, JT.TERMINAL_FAILURE): J.FAILED_TERMINAL for s in _JOB_ACTIVE},
@@ -145,6 +156,14 @@ _JOB_TABLE: dict[tuple[JobState, JobTrigger], JobState] = {
     },
     (J.FINALIZING, JT.FINALIZED): J.COMPLETED,
     (J.FINALIZING, JT.RESULT_LOST): J.PROGRESSING,
+    **{(s, JT.PAUSE): J.PAUSED for s in _JOB_PAUSABLE},
+    (J.PAUSED, JT.PAUSE): J.PAUSED,
+    (J.PAUSED, JT.RESUME): J.RUNNING,
+    # A paused job stays paused while its plan lands and in-flight tiles commit; once every
+    # tile is done there is nothing left to pause, so it finalizes.
+    (J.PAUSED, JT.TILES_PLANNED): J.PAUSED,
+    (J.PAUSED, JT.TILE_PROGRESS): J.PAUSED,
+    (J.PAUSED, JT.ALL_TILES_DONE): J.FINALIZING,
 }
 
 T, TT = TileState, TileTrigger
@@ -164,6 +183,7 @@ _TILE_TABLE: dict[tuple[TileState, TileTrigger], TileState] = {
         for s in (T.QUEUED, T.FAILED_RETRYABLE, T.FAILED_TERMINAL, T.DEAD_LETTERED)
     },
     (T.DONE, TT.RESULT_LOST): T.QUEUED,
+    **{(s, TT.PAUSE): T.QUEUED for s in _TILE_OPEN},
 }
 del J, JT, T, TT
 

@@ -36,8 +36,9 @@ async def insert_job(conn: Conn, new: NewJob, who: Who) -> SubmitResult:
     row = await conn.fetchrow(
         """
         INSERT INTO jobs (job_id, idempotency_key, fingerprint, project, request, scene, frame,
-                          input_hash, width, height, spp, tile_size, state)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+                          input_hash, width, height, spp, tile_size, state, priority,
+                          deadline_at, renderer)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
         ON CONFLICT (idempotency_key) DO NOTHING
         RETURNING *
         """,
@@ -54,6 +55,9 @@ async def insert_job(conn: Conn, new: NewJob, who: Who) -> SubmitResult:
         new.spp,
         new.tile_size,
         JobState.QUEUED.value,
+        new.priority,
+        new.deadline_at,
+        new.renderer,
     )
     if row is not None:
         await audit.record_event(

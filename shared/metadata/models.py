@@ -57,6 +57,12 @@ class NewJob:
     height: int
     spp: int
     tile_size: int
+    #: 0..100, higher released first
+    priority: int = 50
+    #: past it the job ends ``failed_terminal`` with ``deadline_exceeded``; None: no deadline
+    deadline_at: datetime | None = None
+    #: the renderer that draws it (``tessera``: the built-in kernel)
+    renderer: str = "tessera"
 
 
 @dataclass(frozen=True)
@@ -87,11 +93,30 @@ class Job:
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None
+    priority: int = 50
+    deadline_at: datetime | None = None
+    renderer: str = "tessera"
 
     @classmethod
     def from_record(cls, row: Record) -> Job:
         """Build from a ``SELECT * FROM jobs`` row."""
         return _build(cls, row, state=JobState(row["state"]))
+
+
+@dataclass(frozen=True)
+class Project:
+    """One row of ``projects``: an operator's settings for a project's fair share."""
+
+    name: str
+    weight: float
+    max_in_flight: int | None
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def from_record(cls, row: Record) -> Project:
+        """Build from a ``SELECT * FROM projects`` row."""
+        return _build(cls, row)
 
 
 @dataclass(frozen=True)

@@ -288,6 +288,7 @@ async def test_each_commit_case_goes_to_its_owner(
     db: Recording, new_job: Factory, tile_state: TileState, inline: bool
 ) -> None:
     taken = 0
+    taken_in: set[JobState] = set()
     for job_state, fence in itertools.product(list(JobState), [TOKEN - 1, TOKEN]):
         jobs = [await _job(db, new_job), await _job(db, new_job)]
         for job_id in jobs:
@@ -302,6 +303,7 @@ async def test_each_commit_case_goes_to_its_owner(
         case = (job_state, fence)
         if fast:
             taken += 1
+            taken_in.add(job_state)
             rows = await _rows(db, owned)
             assert rows["tile"] == before["tile"] | {
                 "state": TileState.DONE,
@@ -327,7 +329,9 @@ async def test_each_commit_case_goes_to_its_owner(
         assert db.ran == owner, case
         assert await _rows(db, dispatched) == await _rows(db, owned), case
     if tile_state in (TileState.LEASED, TileState.PROGRESSING):
-        assert taken == 1, "the tile leased under this token, its job progressing"
+        # its job progressing, or paused while the tile was in flight (the commit lands)
+        assert taken == 2, "the tile leased under this token, its job progressing or paused"
+        assert taken_in == {JobState.PROGRESSING, JobState.PAUSED}
     else:
         assert taken == 0
 
@@ -355,4 +359,4 @@ async def test_commit_needs_exactly_one_of_key_and_data(
 
 def test_fast_paths_cover_only_quiet_job_states() -> None:
     assert fastpath.quiet_job_states(JobTrigger.TILE_STARTED) == ["progressing"]
-    assert fastpath.quiet_job_states(JobTrigger.TILE_PROGRESS) == ["progressing"]
+    assert fastpath.quiet_job_states(JobTrigger.TILE_PROGRESS) == ["progressing", "paused"]
