@@ -5,16 +5,17 @@ move raises :class:`IllegalTransition`. Duplicate "more of the same" events are 
 redelivered plan, a second finalizer after a crash), never errors; moving backwards or out of a
 terminal state is illegal. A ``-`` cell below is illegal.
 
-Job (``FR`` failed_retryable, ``FT`` failed_terminal, ``DL`` dead_lettered)::
+Job (``FR`` failed_retryable, ``FT`` failed_terminal, ``DL`` dead_lettered, ``progr.``
+progressing, ``final.`` finalizing, ``queue`` queued)::
 
-                 planned  started  progress all_done finalized retryable terminal dead cancel retry  pause
-    queued       running  progr.   progr.   -        -         FR        FT       DL   canc.  -      paused
-    running      running  progr.   progr.   final.   -         FR        FT       DL   canc.  -      paused
-    progressing  progr.   progr.   progr.   final.   -         FR        FT       DL   canc.  -      paused
-    paused       paused   -        paused   final.   -         FR        FT       DL   canc.  -      paused
-    finalizing   -        -        -        final.   completed FR        FT       DL   canc.  -      -
-    FR           running  progr.   progr.   final.   -         FR        FT       DL   canc.  queued paused
-    FT, DL       -        -        -        -        -         -         -        -    -      queued -
+               planned started progress all_done finalized retryable terminal dead cancel retry pause
+    queued     running progr.  progr.   -        -         FR        FT       DL   canc.  -     paused
+    running    running progr.  progr.   final.   -         FR        FT       DL   canc.  -     paused
+    progr.     progr.  progr.  progr.   final.   -         FR        FT       DL   canc.  -     paused
+    paused     paused  -       paused   final.   -         FR        FT       DL   canc.  -     paused
+    final.     -       -       -        final.   completed FR        FT       DL   canc.  -     -
+    FR         running progr.  progr.   final.   -         FR        FT       DL   canc.  queue paused
+    FT, DL     -       -       -        -        -         -         -        -    -      queue -
     completed, cancelled: no moves.
     result_lost: finalizing -> progressing only. resume: paused -> running only.
 
