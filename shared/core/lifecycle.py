@@ -8,14 +8,14 @@ terminal state is illegal. A ``-`` cell below is illegal.
 Job (``FR`` failed_retryable, ``FT`` failed_terminal, ``DL`` dead_lettered, ``progr.``
 progressing, ``final.`` finalizing, ``queue`` queued)::
 
-               planned started progress all_done finalized retryable terminal dead cancel retry pause
-    queued     running progr.  progr.   -        -         FR        FT       DL   canc.  -     paused
-    running    running progr.  progr.   final.   -         FR        FT       DL   canc.  -     paused
-    progr.     progr.  progr.  progr.   final.   -         FR        FT       DL   canc.  -     paused
-    paused     paused  -       paused   final.   -         FR        FT       DL   canc.  -     paused
-    final.     -       -       -        final.   completed FR        FT       DL   canc.  -     -
-    FR         running progr.  progr.   final.   -         FR        FT       DL   canc.  queue paused
-    FT, DL     -       -       -        -        -         -         -        -    -      queue -
+             planned started progress all_done finalized retryable terminal dead cancel retry pause
+    queued   running progr.  progr.   -        -         FR        FT       DL   canc.  -     paused
+    running  running progr.  progr.   final.   -         FR        FT       DL   canc.  -     paused
+    progr.   progr.  progr.  progr.   final.   -         FR        FT       DL   canc.  -     paused
+    paused   paused  -       paused   final.   -         FR        FT       DL   canc.  -     paused
+    final.   -       -       -        final.   completed FR        FT       DL   canc.  -     -
+    FR       running progr.  progr.   final.   -         FR        FT       DL   canc.  queue paused
+    FT, DL   -       -       -        -        -         -         -        -    -      queue -
     completed, cancelled: no moves.
     result_lost: finalizing -> progressing only. resume: paused -> running only.
 
