@@ -140,7 +140,9 @@ class BlenderSlot:
         tail = await self.tail.finish()
         self.proc = None
         if code < 0:
-            return RendererCrashed(f"killed by signal {-code}", renderer=NAME, stderr_tail=tail)
+            return RendererCrashed(
+                f"killed by signal {-code}", renderer=NAME, stderr_tail=tail, signalled=True
+            )
         return RendererFailed(f"exited with code {code}", renderer=NAME, stderr_tail=tail)
 
     async def _call(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:

@@ -136,4 +136,5 @@ def main() -> None:
             server.send(server.handle(line))
 
 
-main()
+if __name__ == "__main__":
+    main()

@@ -58,10 +58,14 @@ class RendererCrashed(RetryableError):
 
     code = "renderer_crashed"
 
-    def __init__(self, message: str, *, renderer: str, stderr_tail: str = "") -> None:
+    def __init__(
+        self, message: str, *, renderer: str, stderr_tail: str = "", signalled: bool = False
+    ) -> None:
         super().__init__(f"{renderer}: {message}")
         self.renderer = renderer
         self.stderr_tail = stderr_tail
+        #: True when a signal killed it (retryable for good), False for a first non-zero exit
+        self.signalled = signalled
 
 
 class RendererTimeout(RetryableError):
