@@ -57,7 +57,9 @@ def build(path: str) -> None:
     cube.keyframe_insert("rotation_euler", frame=1)
     cube.rotation_euler = (0.0, 0.0, math.pi / 2)
     cube.keyframe_insert("rotation_euler", frame=24)
-    bpy.ops.mesh.primitive_torus_add(location=(0.4, -1.4, 0.25), major_radius=0.5, minor_radius=0.15)
+    bpy.ops.mesh.primitive_torus_add(
+        location=(0.4, -1.4, 0.25), major_radius=0.5, minor_radius=0.15
+    )
     _add(bpy.context.object, _emission("Glow", (0.2, 0.6, 1.0), 4.0))
 
     bpy.ops.object.light_add(type="SUN", location=(4.0, -4.0, 8.0), rotation=(0.6, 0.2, 0.8))

@@ -36,7 +36,10 @@ def test_crash_inside_a_blender_pass_kills_blender(demo_blend: Path) -> None:
     try:
         assert worker.stdout is not None
         line = worker.stdout.readline()
-        assert line.startswith("blender-pid "), (line, worker.stderr.read() if worker.stderr else "")
+        assert line.startswith("blender-pid "), (
+            line,
+            worker.stderr.read() if worker.stderr else "",
+        )
         pid = int(line.split()[1])
         assert worker.wait(timeout=60) == -signal.SIGKILL
         assert worker.stderr is not None

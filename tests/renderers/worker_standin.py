@@ -35,7 +35,7 @@ async def povray(path: Path) -> None:
     task = asyncio.create_task(
         renderer.render(PovrayScene(path, 64, 48, 1), rect, 0, 1, zeros_for(rect))
     )
-    while not renderer._running:
+    while not renderer._running:  # noqa: ASYNC110 - the render task fills it; no event
         await asyncio.sleep(0.01)
     for proc in renderer._running:
         print(f"povray-pid {proc.pid}", flush=True)

@@ -74,7 +74,9 @@ def blender_version(binary: str = "blender") -> str:
         raise RendererFailed(f"`{binary} --version` failed: {exc}", renderer=NAME) from exc
     match = re.search(r"^Blender (\S+)", out, re.MULTILINE)
     if match is None:
-        raise RendererFailed(f"`{binary} --version` printed no version: {out[:200]!r}", renderer=NAME)
+        raise RendererFailed(
+            f"`{binary} --version` printed no version: {out[:200]!r}", renderer=NAME
+        )
     return match.group(1)
 
 
@@ -145,11 +147,11 @@ class BlenderSlot:
             )
         return RendererFailed(f"exited with code {code}", renderer=NAME, stderr_tail=tail)
 
-    async def _call(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+    async def _call(self, request: dict[str, Any], limit: float) -> dict[str, Any]:
         assert self.proc is not None and self.proc.stdin is not None
         self.proc.stdin.write(json.dumps(request).encode() + b"\n")
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(limit):
                 await self.proc.stdin.drain()
                 reply = await self._reply()
                 if reply.get("event") == "started":
@@ -158,7 +160,7 @@ class BlenderSlot:
         except TimeoutError:
             await self.kill()
             raise RendererTimeout(
-                f"no answer within {timeout:g} s; process group killed", renderer=NAME
+                f"no answer within {limit:g} s; process group killed", renderer=NAME
             ) from None
         except BaseException:
             await self.kill()  # cancelled (lease lost, pause, stop): the pass must not go on
@@ -169,14 +171,14 @@ class BlenderSlot:
         return reply
 
     async def render(
-        self, scene: BlenderScene, rect: Rect | None, start: int, end: int, timeout: float
+        self, scene: BlenderScene, rect: Rect | None, start: int, end: int, limit: float
     ) -> npt.NDArray[np.float32]:
         """Samples ``[start, end)`` of ``rect`` (None: the whole frame) as float32 RGB."""
         async with self._lock:
-            return await self._render(scene, rect, start, end, timeout)
+            return await self._render(scene, rect, start, end, limit)
 
     async def _render(
-        self, scene: BlenderScene, rect: Rect | None, start: int, end: int, timeout: float
+        self, scene: BlenderScene, rect: Rect | None, start: int, end: int, limit: float
     ) -> npt.NDArray[np.float32]:
         exits = 0
         while True:
@@ -197,7 +199,7 @@ class BlenderSlot:
                 "out": str(out),
             }
             try:
-                await self._call(request, timeout)
+                await self._call(request, limit)
             except RendererFailed:
                 # The process exited (no reply): once may be the machine, twice is the input.
                 if self.proc is None and exits == 0:
@@ -264,7 +266,9 @@ class BlenderRenderer:
 
     def passes(self, job: Any) -> list[tuple[int, int]]:
         """The job's fixed pass plan: :func:`blender_passes` of its spp."""
-        return blender_passes(job.spp, int(job.scene.get("samples_per_pass", self.samples_per_pass)))
+        return blender_passes(
+            job.spp, int(job.scene.get("samples_per_pass", self.samples_per_pass))
+        )
 
     async def _slot_for(self, scene: BlenderScene) -> BlenderSlot:
         slot = await self._idle.get()

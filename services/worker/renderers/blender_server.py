@@ -101,7 +101,11 @@ class Server:
             return {"ok": False, "kind": "scene", "message": str(exc).strip()}
         scene = bpy.context.scene
         if scene.camera is None:
-            return {"ok": False, "kind": "scene", "message": f"{req['file']}: the scene has no camera"}
+            return {
+                "ok": False,
+                "kind": "scene",
+                "message": f"{req['file']}: the scene has no camera",
+            }
         try:
             configure(scene, req)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

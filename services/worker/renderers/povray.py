@@ -126,7 +126,9 @@ def povray_version(binary: str = "povray") -> str:
 def read_ppm16(path: Path) -> npt.NDArray[np.uint16]:
     """A binary 16-bit PPM (``P6``, maxval 65535, ``#`` comments allowed) as (h, w, 3) uint16."""
     data = path.read_bytes()
-    header = re.match(rb"P6(?:\s|#[^\n]*\n)+(\d+)(?:\s|#[^\n]*\n)+(\d+)(?:\s|#[^\n]*\n)+(\d+)\s", data)
+    header = re.match(
+        rb"P6(?:\s|#[^\n]*\n)+(\d+)(?:\s|#[^\n]*\n)+(\d+)(?:\s|#[^\n]*\n)+(\d+)\s", data
+    )
     if header is None or int(header.group(3)) != 65535:
         raise TerminalError(f"{path}: not a 16-bit binary PPM")
     w, h = int(header.group(1)), int(header.group(2))
@@ -146,7 +148,7 @@ class PovrayScene:
     options: tuple[str, ...] = ()
 
 
-def _region(rect: Rect, width: int, height: int) -> tuple[Rect, list[str]]:
+def _region(rect: Rect, width: int, height: int) -> list[str]:
     """The render blocks covering ``rect`` (clamped to the frame), as 1-based inclusive options."""
     b = BLOCK
     grown = Rect(
@@ -155,7 +157,7 @@ def _region(rect: Rect, width: int, height: int) -> tuple[Rect, list[str]]:
         min(width, -(-rect.x1 // b) * b),
         min(height, -(-rect.y1 // b) * b),
     )
-    return grown, [f"+SC{grown.x0 + 1}", f"+EC{grown.x1}", f"+SR{grown.y0 + 1}", f"+ER{grown.y1}"]
+    return [f"+SC{grown.x0 + 1}", f"+EC{grown.x1}", f"+SR{grown.y0 + 1}", f"+ER{grown.y1}"]
 
 
 def _povray_message(tail: str) -> str:
@@ -223,7 +225,7 @@ class PovrayRenderer:
     async def _render_once(self, scene: PovrayScene, rect: Rect) -> npt.NDArray[np.uint16]:
         with tempfile.TemporaryDirectory(prefix="tessera-povray-", dir=self.workdir) as tmp:
             out = Path(tmp) / "tile.ppm"
-            grown, region = _region(rect, scene.width, scene.height)
+            region = _region(rect, scene.width, scene.height)
             argv = [
                 self.binary, "-D", f"+I{scene.path.name}", f"+O{out}", "+FP16",
                 f"+W{scene.width}", f"+H{scene.height}", *region, "Dither=off", "-J",
