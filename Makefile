@@ -3,12 +3,12 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test lint typecheck unit bench api-docs
+.PHONY: demo test lint typecheck unit bench api-docs renderers
 
 demo: $(VENV)/.installed-local
 	$(BIN)/tessera demo
 
-test: $(VENV)/.installed-dev lint typecheck unit
+test: $(VENV)/.installed-dev renderers lint typecheck unit
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff format --check .
@@ -19,6 +19,18 @@ typecheck: $(VENV)/.installed-dev
 
 unit: $(VENV)/.installed-dev
 	$(BIN)/pytest
+
+# The renderers the tests run for real (Debian packages; the machines run as root). Installs only
+# when one is missing from PATH; refreshes the package lists only if the first try fails.
+RENDERER_BINS := blender povray chromium
+renderers:
+	@missing=""; for b in $(RENDERER_BINS); do command -v $$b >/dev/null || missing="$$missing $$b"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing the renderers (missing:$$missing)"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -qq $(RENDERER_BINS) >/dev/null 2>&1 || \
+	  { apt-get update -qq && apt-get install -y -qq $(RENDERER_BINS) >/dev/null; }; \
+	fi
 
 # docs/api.md is generated from proto/ (a test fails when it is stale)
 api-docs: $(VENV)/.installed-dev

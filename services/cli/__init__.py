@@ -36,7 +36,7 @@ RENDER_INSTALL = "pip install 'tessera[render]'"
 #: one means a client-only install, not a bug.
 RENDER_MODULES = frozenset(
     {"numba", "llvmlite", "numpy", "PIL", "asyncpg", "aioboto3", "aiobotocore", "boto3"}
-    | {"botocore", "uvloop", "prometheus_client"}
+    | {"botocore", "uvloop", "prometheus_client", "OpenEXR", "Imath"}
 )
 EXIT_USAGE = 2
 

@@ -24,6 +24,7 @@ POINTS = frozenset(
         "worker.during_renew",  # between the renew request and its reply being used
         "worker.after_result_write",  # tile result in the object store, not yet committed
         "worker.after_commit",  # committed in Postgres, tile-done not yet published
+        "worker.blender_mid_pass",  # Blender is rendering a pass (request sent, no reply yet)
         "worker.before_ack",  # tile-done published, lease released, message not yet acked
         "finalizer.after_finalizing",  # job moved to finalizing, nothing written yet
         "finalizer.after_image_write",  # final image written, metadata not yet updated

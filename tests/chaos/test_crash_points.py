@@ -48,8 +48,13 @@ CASES: dict[str, tuple[int, dict[str, str], dict[str, Any]]] = {
 }
 
 
+#: points inside a renderer pass, killed by tests that drive the renderer directly (a Blender job
+#: through the whole stack needs the renderer routing of issue 17 in the worker)
+RENDERER_CASES = {"worker.blender_mid_pass": "tests/renderers/test_no_orphans.py"}
+
+
 def test_every_point_has_a_scenario() -> None:
-    assert set(CASES) == crash.POINTS
+    assert set(CASES) | set(RENDERER_CASES) == crash.POINTS
 
 
 @pytest.mark.parametrize("point", sorted(CASES))

@@ -1,0 +1,1 @@
+"""Renderers a worker can run: the numba kernel, Blender Cycles and POV-Ray."""

@@ -1,0 +1,279 @@
+"""POV-Ray 3.7 as a Tessera renderer: one ``povray`` process per tile, one pass per tile.
+
+POV-Ray cannot add samples to an image, so a tile is rendered in one pass (resume is per tile).
+The tile is rendered as a region (``+SC/+EC/+SR/+ER``) grown by :data:`MARGIN` pixels on each
+side and then cropped: adaptive anti-aliasing (method 1) compares a pixel with its neighbours, so
+with the margin rendered the tile's pixels are exactly those of POV-Ray's own full-frame image.
+Jitter (random per render) and radiosity (its pre-trace depends on the rendered region) cannot be
+exact and are refused by :func:`check_povray_options` and :func:`check_povray_source`.
+
+The output is a 16-bit binary PPM (``+FP16``, exact integers, no dithering); the accumulator
+holds ``value / 65535 * spp`` per channel, so ``sum / spp`` is POV-Ray's pixel value: the
+assembled tiles equal POV-Ray's own 16-bit image pixel for pixel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from kernel.rect import Rect
+from services.worker.renderers.procs import (
+    RendererCrashed,
+    RendererFailed,
+    RendererTimeout,
+    StderrTail,
+    kill_group,
+    spawn,
+)
+from shared.core.errors import TerminalError, ValidationError
+from shared.core.tiles import Accumulator
+
+__all__ = [
+    "BLOCK",
+    "PovrayRenderer",
+    "PovrayScene",
+    "check_povray_options",
+    "check_povray_source",
+    "povray_version",
+    "read_ppm16",
+]
+
+NAME = "povray"
+#: POV-Ray's render block (``Render_Block_Size``, 32 by default): anti-aliasing works block by
+#: block, and a region's blocks start at the region's corner, so a tile is rendered as the whole
+#: blocks of the full frame's grid that cover it, then cropped
+BLOCK = 32
+_ALLOWED = [
+    (re.compile(r"[+-]A(\d*\.?\d+)?", re.I), "anti-aliasing on/off and threshold"),
+    (re.compile(r"\+R\d+", re.I), "anti-aliasing depth"),
+    (re.compile(r"\+AM1", re.I), "anti-aliasing method 1"),
+    (re.compile(r"-J", re.I), "jitter off"),
+    (re.compile(r"[+-]Q\d", re.I), "quality"),
+    (re.compile(r"\+K-?\d*\.?\d+", re.I), "clock"),
+    (re.compile(r"(Antialias|Jitter)=(on|off|true|false|yes|no|[01])", re.I), "INI switches"),
+    (re.compile(r"(Antialias_Threshold|Antialias_Depth|Quality|Clock)=-?\d*\.?\d+", re.I), "INI"),
+    (re.compile(r"Sampling_Method=1", re.I), "anti-aliasing method 1"),
+    (re.compile(r"Declare=[A-Za-z_]\w*=-?\d*\.?\d+"), "declared constants"),
+]
+_JITTER = re.compile(r"\+J|Jitter=(on|true|yes|1)", re.I)
+_SOURCE_REFUSED = {
+    "jitter": "`jitter` (area lights) is random per render, so tiles could not equal the frame",
+    "radiosity": "radiosity's pre-trace depends on the rendered region, so tiles would differ",
+}
+
+
+def check_povray_options(options: Sequence[str]) -> list[str]:
+    """The POV-Ray options a job may carry, or ValidationError naming the one refused.
+
+    Size, output, region, threads and display are Tessera's; only options that tile exactly are
+    accepted (anti-aliasing method 1 without jitter, quality, clock, declared constants).
+    """
+    for opt in options:
+        if _JITTER.fullmatch(opt) or opt.upper().startswith("+J"):
+            raise ValidationError(
+                f"POV-Ray option {opt!r} refused: jitter is random per render, so tiles could not"
+                " equal the full frame pixel for pixel; use -J (the default)"
+            )
+        if not any(pattern.fullmatch(opt) for pattern, _ in _ALLOWED):
+            allowed = ", ".join(sorted({what for _, what in _ALLOWED}))
+            raise ValidationError(
+                f"POV-Ray option {opt!r} refused: Tessera sets size, output, region and threads"
+                f" itself, and accepts only options that tile exactly ({allowed})"
+            )
+    return list(options)
+
+
+def _strip_comments_and_strings(text: str) -> str:
+    return re.sub(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\])*"', " ", text, flags=re.S)
+
+
+def check_povray_source(text: str, name: str) -> None:
+    """ValidationError if a ``.pov``/``.inc`` source uses a feature that cannot tile exactly.
+
+    A scan of keywords outside comments and strings: it cannot see a keyword built at parse
+    time (``Parse_String``), which POV-Ray's own scenes do not do for these two.
+    """
+    code = _strip_comments_and_strings(text)
+    for keyword, why in _SOURCE_REFUSED.items():
+        match = re.search(rf"\b{keyword}\b", code)
+        if match is not None:
+            line = code.count("\n", 0, match.start()) + 1
+            raise ValidationError(f"{name} line {line}: {why}")
+
+
+def povray_version(binary: str = "povray") -> str:
+    """``3.7.0.10.unofficial`` from ``povray --version``; RendererFailed when it does not run."""
+    try:
+        run = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise RendererFailed(f"`{binary} --version` failed: {exc}", renderer=NAME) from exc
+    match = re.search(r"^POV-Ray (\S+)", run.stdout + run.stderr, re.MULTILINE)
+    if match is None:
+        raise RendererFailed(f"`{binary} --version` printed no version", renderer=NAME)
+    return match.group(1)
+
+
+def read_ppm16(path: Path) -> npt.NDArray[np.uint16]:
+    """A binary 16-bit PPM (``P6``, maxval 65535, ``#`` comments allowed) as (h, w, 3) uint16."""
+    data = path.read_bytes()
+    header = re.match(
+        rb"P6(?:\s|#[^\n]*\n)+(\d+)(?:\s|#[^\n]*\n)+(\d+)(?:\s|#[^\n]*\n)+(\d+)\s", data
+    )
+    if header is None or int(header.group(3)) != 65535:
+        raise TerminalError(f"{path}: not a 16-bit binary PPM")
+    w, h = int(header.group(1)), int(header.group(2))
+    pixels = np.frombuffer(data, dtype=">u2", count=w * h * 3, offset=header.end())
+    out: npt.NDArray[np.uint16] = pixels.reshape(h, w, 3).astype(np.uint16)
+    return out
+
+
+@dataclass(frozen=True)
+class PovrayScene:
+    """A prepared POV-Ray job: the main ``.pov`` on local disk and its checked options."""
+
+    path: Path
+    width: int
+    height: int
+    spp: int
+    options: tuple[str, ...] = ()
+
+
+def _region(rect: Rect, width: int, height: int) -> list[str]:
+    """The render blocks covering ``rect`` (clamped to the frame), as 1-based inclusive options."""
+    b = BLOCK
+    grown = Rect(
+        (rect.x0 // b) * b,
+        (rect.y0 // b) * b,
+        min(width, -(-rect.x1 // b) * b),
+        min(height, -(-rect.y1 // b) * b),
+    )
+    return [f"+SC{grown.x0 + 1}", f"+EC{grown.x1}", f"+SR{grown.y0 + 1}", f"+ER{grown.y1}"]
+
+
+def _povray_message(tail: str) -> str:
+    lines = [ln for ln in tail.splitlines() if re.search(r"error|cannot|failed", ln, re.I)]
+    return " / ".join(lines[-4:]) or "failed with no error message"
+
+
+class PovrayRenderer:
+    """The ``povray`` renderer: a process per tile, at most ``slots`` at a time."""
+
+    name = NAME
+
+    def __init__(
+        self,
+        *,
+        slots: int = 1,
+        binary: str = "povray",
+        threads: int = 1,
+        watchdog: float = 600.0,
+        workdir: Path | None = None,
+    ) -> None:
+        self.version = povray_version(binary)
+        self.binary = binary
+        self.threads = threads
+        self.watchdog = watchdog
+        self.workdir = workdir
+        self._slots = asyncio.Semaphore(slots)
+        self._running: set[asyncio.subprocess.Process] = set()
+
+    async def prepare(self, job: Any, asset_dir: Path | None) -> PovrayScene:
+        """The job's main ``.pov`` inside ``asset_dir`` and its options (checked again here)."""
+        if asset_dir is None:
+            raise TerminalError("a povray job needs its scene asset")
+        options = tuple(check_povray_options(job.scene.get("options", [])))
+        return PovrayScene(asset_dir / job.scene["main"], job.width, job.height, job.spp, options)
+
+    def passes(self, job: Any) -> list[tuple[int, int]]:
+        """One pass of all samples: POV-Ray renders a tile once."""
+        return [(0, job.spp)]
+
+    async def render(
+        self, prepared: PovrayScene, rect: Rect, start: int, end: int, acc: Accumulator
+    ) -> None:
+        """Render ``rect`` once and add ``value * (end - start)`` into ``acc``."""
+        async with self._slots:
+            pixels = await self._render_retrying(prepared, rect)
+        acc += pixels.astype(np.float64) / 65535.0 * (end - start)
+
+    async def _render_retrying(self, scene: PovrayScene, rect: Rect) -> npt.NDArray[np.uint16]:
+        try:
+            return await self._render_once(scene, rect)
+        except RendererCrashed as exc:
+            if exc.signalled:
+                raise
+        # A plain non-zero exit without a parse error: once may be the machine, twice the input.
+        try:
+            return await self._render_once(scene, rect)
+        except RendererCrashed as exc:
+            if exc.signalled:
+                raise
+            raise RendererFailed(
+                f"{exc} twice on the same input", renderer=NAME, stderr_tail=exc.stderr_tail
+            ) from exc
+
+    async def _render_once(self, scene: PovrayScene, rect: Rect) -> npt.NDArray[np.uint16]:
+        with tempfile.TemporaryDirectory(prefix="tessera-povray-", dir=self.workdir) as tmp:
+            out = Path(tmp) / "tile.ppm"
+            region = _region(rect, scene.width, scene.height)
+            argv = [
+                self.binary, "-D", f"+I{scene.path.name}", f"+O{out}", "+FP16",
+                f"+W{scene.width}", f"+H{scene.height}", *region, "Dither=off", "-J",
+                f"+WT{self.threads}", *scene.options,
+            ]  # fmt: skip
+            proc = await spawn(argv, cwd=scene.path.parent)
+            await self._wait(proc)
+            full = read_ppm16(out)
+        return full[rect.y0 : rect.y1, rect.x0 : rect.x1]
+
+    async def _wait(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stderr is not None
+        tail = StderrTail(proc.stderr)
+        self._running.add(proc)
+        try:
+            async with asyncio.timeout(self.watchdog):
+                code = await proc.wait()
+        except TimeoutError:
+            kill_group(proc)
+            await proc.wait()
+            raise RendererTimeout(
+                f"tile not done within {self.watchdog:g} s; process group killed",
+                renderer=NAME,
+                stderr_tail=await tail.finish(),
+            ) from None
+        except BaseException:
+            kill_group(proc)  # cancelled: lease lost, pause, stop
+            await proc.wait()
+            raise
+        finally:
+            self._running.discard(proc)
+        text = await tail.finish()
+        if code == 0:
+            return
+        if re.search(r"Parse Error|Cannot open|Fatal error in parser", text):
+            raise RendererFailed(_povray_message(text), renderer=NAME, stderr_tail=text)
+        raise RendererCrashed(
+            f"killed by signal {-code}" if code < 0 else f"exited with code {code}",
+            renderer=NAME,
+            stderr_tail=text,
+            signalled=code < 0,
+        )
+
+    async def kill_all(self) -> None:
+        """Kill every running POV-Ray process group now."""
+        for proc in list(self._running):
+            kill_group(proc)
+
+    async def close(self) -> None:
+        """Kill what still runs."""
+        await self.kill_all()
