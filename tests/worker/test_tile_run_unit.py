@@ -4,7 +4,7 @@ The stores are the doubles of ``tests/doubles`` (held to NATS KV and PostgreSQL 
 suites there). The delivery is :class:`~tests.doubles.delivery.FakeDelivery`, which records how it
 was settled. Each case asserts the settle decision and what the run left in the stores. Events
 in the run (a lease lost, a newer owner, a drain) are made to happen after a given sample pass
-by :class:`HookedKernels`, so nothing depends on timing.
+by :class:`HookedKernels` (the real ``tessera`` renderer, hooked), so nothing depends on timing.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from kernel.rect import Rect
 from proto import names as n
 from proto.messages import TileDone, TileMessage
 from services.worker.context import JobCache, StopView, TileContext
-from services.worker.kernels import KernelThreads
+from services.worker.renderers.tessera import TesseraKernel
 from services.worker.scenes import SceneCache
 from services.worker.tile import TileRun
 from shared.core.config import LeaseSettings, WorkerSettings
@@ -43,8 +43,8 @@ from tests.metadata.conftest import make_new_job
 SPP = 2  # two passes of one sample: the hooks run between them
 
 
-class HookedKernels(KernelThreads):
-    """The real kernel threads; ``after_pass(end)`` runs once a pass reaching ``end`` is done."""
+class HookedKernels(TesseraKernel):
+    """The real kernel renderer; ``after_pass(end)`` runs once a pass reaching ``end`` is done."""
 
     def __init__(self) -> None:
         super().__init__(1)
@@ -155,7 +155,7 @@ async def _rig(tmp_path: Path, scene: dict[str, object] | None = None) -> Rig:
         events=events,
         jobs=JobCache(db, 8),
         scenes=SceneCache(),
-        kernels=kernels,
+        renderers={kernels.name: kernels},
         stop=StopView(handing_back, cancelled),
         metrics=Metrics(),
         lease_config=LeaseSettings(ttl=10, heartbeat_interval=0.05),

@@ -71,6 +71,7 @@ one Blender process per slot). :func:`discover` finds the renderers a worker can
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import itertools
 import os
 import pathlib
@@ -82,6 +83,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kernel.rect import Rect
+from proto import names as n
 from shared.core.errors import ConfigError
 from shared.core.tiles import Accumulator
 from shared.metadata import Job
@@ -98,10 +100,10 @@ __all__ = [
     "discover",
 ]
 
-TESSERA = "tessera"
+TESSERA = n.RENDERER_TESSERA
 """The numba kernel's renderer name (``jobs.renderer``'s default)."""
 
-NAMES = (TESSERA, "blender", "povray")
+NAMES = n.RENDERERS
 """Every renderer Tessera knows, in the order they are listed."""
 
 PassPlan = tuple[int, ...]
@@ -205,6 +207,11 @@ def parse_setting(value: str) -> list[str] | None:
     return list(dict.fromkeys(listed))
 
 
+def implemented(name: str) -> bool:
+    """True if this installation has the module of renderer ``name``."""
+    return importlib.util.find_spec(f"services.worker.renderers.{name}") is not None
+
+
 def discover(setting: str = "auto", path: str | None = None) -> dict[str, Found]:
     """The renderers this worker runs, by name: all found with ``auto``, else those listed.
 
@@ -213,7 +220,7 @@ def discover(setting: str = "auto", path: str | None = None) -> dict[str, Found]
     """
     listed = parse_setting(setting)
     found: dict[str, Found] = {}
-    for name in listed if listed is not None else NAMES:
+    for name in listed if listed is not None else [r for r in NAMES if implemented(r)]:
         here = probe(name, path)
         if here is not None:
             found[name] = here
@@ -231,12 +238,17 @@ def available_renderers(setting: str | None = None) -> dict[str, str]:
     ``setting`` defaults to ``TESSERA_RENDERERS`` (``auto``). This is what the worker
     announces in the ``tessera-workers`` bucket.
     """
+    return {name: found.version for name, found in discovered(setting).items()}
+
+
+def discovered(setting: str | None = None) -> dict[str, Found]:
+    """:func:`discover` once per process (``--version`` of Blender takes about 0.5 s)."""
     global _DISCOVERED
     if _DISCOVERED is None:
         _DISCOVERED = discover(
             setting if setting is not None else os.environ.get("TESSERA_RENDERERS", "auto")
         )
-    return {name: found.version for name, found in _DISCOVERED.items()}
+    return dict(_DISCOVERED)
 
 
 def create(found: Found, slots: int) -> Renderer:
