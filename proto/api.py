@@ -13,7 +13,7 @@ subject                   schema              fields (defaults)
 ========================  ==================  ==============================================
 ``tessera.api.submit``    SubmitRequest       project, scene, width, height, spp, frame (0),
                                               tile_size (64), max_depth (64), seed (0),
-                                              idempotency_key (derived)
+                                              idempotency_key (derived), renderer (tessera)
 ``.status/.cancel/.retry``  JobRequest        job_id
 ``tessera.api.list``      ListRequest         state, limit (100), cursor
 ``.dlq.list``             DlqListRequest      job_id, limit (100), cursor
@@ -27,6 +27,7 @@ subject                   schema              fields (defaults)
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Self, TypeVar
@@ -61,7 +62,7 @@ from proto.limits import (
     check_scene,
     tile_count,
 )
-from proto.names import TOKEN_RE, ApiVerb
+from proto.names import RENDERER_TESSERA, RENDERERS, TOKEN_RE, ApiVerb
 from shared.core.errors import DecodeError, ValidationError
 from shared.core.lifecycle import JobState
 
@@ -104,10 +105,23 @@ class SubmitRequest:
     idempotency_key: Annotated[
         str | None, "the same key returns the same job (default: derived from the body)"
     ] = None
+    renderer: Annotated[
+        str,
+        "tessera (the scene is a builtin or an inline document), blender or povray (the scene "
+        'is a reference {"asset": <manifest sha256>, "main": <relative path>} to an uploaded '
+        "asset)",
+    ] = RENDERER_TESSERA
 
     def __post_init__(self) -> None:
         check_str("project", self.project, PROJECT_RE, 64)
-        check_scene(self.scene)
+        if self.renderer not in RENDERERS:
+            raise ValidationError(
+                f"renderer: {self.renderer!r:.40} is not one of {', '.join(RENDERERS)}"
+            )
+        if self.renderer == RENDERER_TESSERA:
+            check_scene(self.scene)
+        else:
+            check_reference(self.renderer, self.scene)
         for name, hi in (("width", MAX_DIMENSION), ("height", MAX_DIMENSION), ("spp", MAX_SPP)):
             check_range(name, getattr(self, name), 1, hi)
         check_range("frame", self.frame, 0, MAX_FRAME)
@@ -126,13 +140,70 @@ class SubmitRequest:
         ints |= {n: body.integer(n, d) for n, d in (defaults | {"seed": 0}).items()}
         project, scene = body.string("project"), body.raw("scene")
         key = body.string("idempotency_key", None)
+        renderer = body.string("renderer", RENDERER_TESSERA)
         body.done()
-        return cls(project=project, scene=scene, idempotency_key=key, **ints)
+        return cls(project=project, scene=scene, idempotency_key=key, renderer=renderer, **ints)
 
     def to_body(self) -> dict[str, Any]:
-        """The JSON object a client sends."""
+        """The JSON object a client sends (``renderer`` only if not ``tessera``, so a derived
+        idempotency key of a tessera job is what it was before renderers)."""
         body = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        if body["renderer"] == RENDERER_TESSERA:
+            del body["renderer"]
         return {k: v for k, v in body.items() if v is not None}
+
+
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
+"""A lowercase hex sha256 (an asset manifest's name)."""
+
+REFERENCE_OPTIONS: dict[str, dict[str, type]] = {
+    "blender": {},
+    "povray": {"antialias": float, "jitter": bool},
+}
+"""Options a scene reference may carry beside ``asset`` and ``main``, per renderer. Blender
+renders with adaptive sampling and denoising off whatever the ``.blend`` says (both would make a
+tile differ from the full frame), so there is nothing to choose."""
+
+
+def check_reference(renderer: str, scene: Any) -> dict[str, Any]:
+    """A scene reference ``{"asset": <sha256>, "main": <relative path>, ...options}``.
+
+    ``main`` is a relative POSIX path inside the asset (no ``..``, no leading ``/``, no
+    backslash). An option that would make tiles differ from the renderer's own full frame is
+    refused here, at submit: POV-Ray's jitter (``+J``).
+    """
+    if not isinstance(scene, dict):
+        raise DecodeError(
+            f'scene: a {renderer} job takes a reference {{"asset": ..., "main": ...}}, '
+            f"got {type(scene).__name__}"
+        )
+    asset, main = scene.get("asset"), scene.get("main")
+    if not isinstance(asset, str) or SHA256_RE.fullmatch(asset) is None:
+        raise ValidationError("scene.asset: expected the manifest's sha256 (64 lowercase hex)")
+    if not isinstance(main, str) or not 0 < len(main) <= 1024:
+        raise ValidationError("scene.main: expected the main file's relative path (1..1024)")
+    parts = main.split("/")
+    if main.startswith("/") or "\\" in main or any(p in ("", ".", "..") for p in parts):
+        raise ValidationError(f"scene.main: {main!r:.80} is not a plain relative path")
+    allowed = REFERENCE_OPTIONS[renderer]
+    for key, value in scene.items():
+        if key in ("asset", "main"):
+            continue
+        kind = allowed.get(key)
+        if kind is None:
+            known = ", ".join(["asset", "main", *allowed])
+            raise ValidationError(f"scene.{key:.40}: not an option of {renderer} ({known})")
+        ok = isinstance(value, bool) if kind is bool else isinstance(value, int | float)
+        if not ok or (kind is float and isinstance(value, bool)):
+            raise ValidationError(f"scene.{key}: expected a {kind.__name__}")
+    if renderer == "povray" and scene.get("jitter"):
+        raise ValidationError(
+            "scene.jitter: POV-Ray's anti-aliasing jitter (+J) makes a tile's edge pixels "
+            "differ from the full frame; submit without jitter"
+        )
+    if renderer == "povray" and not 0 <= float(scene.get("antialias", 0.0)) <= 3:
+        raise ValidationError("scene.antialias: POV-Ray's threshold is 0..3 (0: off)")
+    return scene
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Any
 from proto.api import SubmitRequest
 from proto.canonical import canonical_hash
 from proto.limits import Scene
+from proto.names import RENDERER_TESSERA
 
 KEY_VERSION = 1
 
@@ -45,6 +46,8 @@ def derived_idempotency_key(request: SubmitRequest) -> str:
         "frame": request.frame,
         "settings": _settings(request),
     }
+    if request.renderer != RENDERER_TESSERA:  # (a tessera job's key is what it was before)
+        identity["renderer"] = request.renderer
     return canonical_hash(identity)
 
 

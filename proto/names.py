@@ -12,11 +12,15 @@ their stream or bucket). Prefixed names (subjects, stream and bucket names) are 
 kind                default (``Names()``)           ``Names("t123")``
 ==================  ==============================  =========================================
 stream              ``TILES``                       ``t123_TILES``
-subject             ``tessera.tiles.<job>.<i>``     ``t123.tessera.tiles.<job>.<i>``
+subject             ``tessera.tiles.<r>.<job>.<i>`` ``t123.tessera.tiles.<r>.<job>.<i>``
 KV bucket           ``tessera-leases``              ``t123_tessera-leases``
 queue group         ``tessera-gateway``             ``t123_tessera-gateway``
 consumer            ``workers``                     ``workers`` (scoped by its stream)
 ==================  ==============================  =========================================
+
+A tile's subject names its job's renderer ``<r>`` (``tessera``, ``blender``, ``povray``): each
+renderer has its own durable consumer on ``TILES`` (:func:`workers_consumer`), filtered to its
+subjects, and a worker binds only the consumers of the renderers it has.
 
 Message ids (``Nats-Msg-Id``): ``job:<job>:<gen>`` (``job:<job>:<gen>:swept:<stamp>`` when the
 sweeper re-publishes it), ``tile:<job>:<i>:<gen>``, ``done:<job>:<i>:<fence>`` (the committing
@@ -50,6 +54,8 @@ STREAM_ADVISORIES = "ADVISORIES"
 
 CONSUMER_SCHEDULER_JOBS = "scheduler-jobs"
 CONSUMER_WORKERS = "workers"
+"""The ``tessera`` renderer's consumer on TILES (the name it had before renderers, so a running
+deployment keeps its consumer: :func:`workers_consumer`)."""
 CONSUMER_FINALIZER = "finalizer"
 CONSUMER_SCHEDULER_ADVISORIES = "scheduler-advisories"
 
@@ -111,15 +117,41 @@ class ApiVerb(StrEnum):
     DLQ_PURGE = "dlq.purge"
 
 
+RENDERER_TESSERA = "tessera"
+"""The numba kernel's renderer name, the default of ``jobs.renderer``."""
+
+RENDERERS = (RENDERER_TESSERA, "blender", "povray")
+"""Every renderer Tessera knows (one TILES consumer each)."""
+
+
+def workers_consumer(renderer: str) -> str:
+    """The durable consumer on TILES of one renderer's tiles: ``workers`` for ``tessera`` (its
+    name before renderers existed), ``workers-<renderer>`` for the others."""
+    check_token(renderer, "renderer")
+    return CONSUMER_WORKERS if renderer == RENDERER_TESSERA else f"{CONSUMER_WORKERS}-{renderer}"
+
+
 def job_of_tile_subject(subject: str) -> str | None:
-    """The job id a ``TILES`` subject (``[<prefix>.]tessera.tiles.<job>.<i>``) names, if any.
+    """The job id a ``TILES`` subject (``[<prefix>.]tessera.tiles.<renderer>.<job>.<i>``, or the
+    form before renderers, ``...tessera.tiles.<job>.<i>``) names, if any.
 
     For a message whose body cannot be decoded: its dead letter still names the job.
     """
     parts = subject.split(".")
-    if len(parts) >= 4 and parts[-4:-2] == ["tessera", "tiles"] and parts[-1].isdigit():
-        job = parts[-2]
-        return job if TOKEN_RE.fullmatch(job) else None
+    if len(parts) < 4 or not parts[-1].isdigit():
+        return None
+    current = len(parts) >= 5 and parts[-5:-3] == ["tessera", "tiles"]
+    if not (current or parts[-4:-2] == ["tessera", "tiles"]):
+        return None
+    job = parts[-2]
+    return job if TOKEN_RE.fullmatch(job) else None
+
+
+def tile_of_subject(subject: str) -> tuple[str, int] | None:
+    """``(job, tile index)`` of a ``TILES`` subject of the current form, or ``None``."""
+    parts = subject.split(".")
+    if len(parts) >= 5 and parts[-5:-3] == ["tessera", "tiles"] and parts[-1].isdigit():
+        return parts[-2], int(parts[-1])
     return None
 
 
@@ -277,14 +309,26 @@ class Names:
         """Subject of a job's ``JOBS`` message."""
         return self._subject(f"tessera.jobs.{check_token(job_id, 'job_id')}")
 
-    def tile_subject(self, job_id: str, tile_index: int) -> str:
-        """Subject of one tile's ``TILES`` message."""
-        job = check_token(job_id, "job_id")
-        return self._subject(f"tessera.tiles.{job}.{check_index(tile_index, 'tile_index')}")
+    def tile_subject(self, job_id: str, tile_index: int, renderer: str = RENDERER_TESSERA) -> str:
+        """Subject of one tile's ``TILES`` message: ``tessera.tiles.<renderer>.<job>.<i>``."""
+        job, r = check_token(job_id, "job_id"), check_token(renderer, "renderer")
+        return self._subject(f"tessera.tiles.{r}.{job}.{check_index(tile_index, 'tile_index')}")
 
     def tile_subjects_of(self, job_id: str) -> str:
-        """Wildcard over one job's ``TILES`` subjects (the sweeper's scan)."""
-        return self._subject(f"tessera.tiles.{check_token(job_id, 'job_id')}.*")
+        """Wildcard over one job's ``TILES`` subjects, whatever its renderer (the sweeper's
+        scan): ``tessera.tiles.*.<job>.*``."""
+        return self._subject(f"tessera.tiles.*.{check_token(job_id, 'job_id')}.*")
+
+    def renderer_tiles(self, renderer: str) -> str:
+        """Filter of one renderer's consumer: ``tessera.tiles.<renderer>.>``."""
+        return self._subject(f"tessera.tiles.{check_token(renderer, 'renderer')}.>")
+
+    @property
+    def legacy_tile_subjects(self) -> str:
+        """Tile subjects of the form before renderers (``tessera.tiles.<job>.<i>``): no
+        consumer reads them any more; :func:`~shared.nats.ensure.ensure_topology` purges them
+        and the sweeper re-publishes their tiles under their renderer's subject."""
+        return self._subject("tessera.tiles.*.*")
 
     def event_subject(self, job_id: str, kind: EventKind) -> str:
         """Subject of one event of a job; watchers use ``tessera.events.<job>.>``."""

@@ -4,7 +4,7 @@
 stream          subjects                                     retention   max age
 ==============  ===========================================  ==========  ======================
 ``JOBS``        ``tessera.jobs.>``                           work-queue  —
-``TILES``       ``tessera.tiles.<job>.<i>``                  work-queue  —
+``TILES``       ``tessera.tiles.<renderer>.<job>.<i>``       work-queue  —
 ``EVENTS``      ``tessera.events.<job>.<kind>``              limits      ``events_max_age``
 ``DLQ``         ``tessera.dlq.<job>.<unit>``                 limits      ``dlq_max_age``
 ``ADVISORIES``  MAX_DELIVERIES advisories of JOBS, TILES,    limits      ``advisories_max_age``
@@ -13,8 +13,10 @@ stream          subjects                                     retention   max age
 
 Consumers (all durable, pull, explicit ack, ``ack_wait``/``max_deliver``/``max_ack_pending`` from
 the topology, no ``backoff`` — it silently replaces ``ack_wait`` — and no ``inactive_threshold`` —
-it deletes an idle durable): ``scheduler-jobs`` on JOBS, ``workers`` on TILES, ``finalizer`` on
-EVENTS filtered to tile-done, ``scheduler-advisories`` on ADVISORIES.
+it deletes an idle durable): ``scheduler-jobs`` on JOBS; on TILES one per renderer, filtered to
+its subjects ``tessera.tiles.<renderer>.>``: ``workers`` (``tessera``, the name it had before
+renderers), ``workers-blender``, ``workers-povray``; ``finalizer`` on EVENTS filtered to
+tile-done, ``scheduler-advisories`` on ADVISORIES.
 
 KV buckets are declared as their backing streams (``KV_<bucket>``, exactly what nats-py's
 ``create_key_value`` would build, so ``js.key_value(bucket)`` opens them): ``tessera-leases``
@@ -63,7 +65,12 @@ DESCRIPTIONS: dict[str, str] = {
     "samples_done, checkpoint_key, attempt_id} of the tile's newest checkpoint. Written and read "
     "by workers (resume after a crash); read by tessera gc.",
     n.CONSUMER_SCHEDULER_JOBS: "Scheduler: plans each job into tiles and publishes them to TILES.",
-    n.CONSUMER_WORKERS: "Workers: render one tile per message, commit it, publish tile-done.",
+    n.CONSUMER_WORKERS: "Workers with the tessera renderer (numba kernel): render one tile per "
+    "message, commit it, publish tile-done.",
+    n.workers_consumer("blender"): "Workers with Blender (Cycles) on PATH: render one tile per "
+    "message, commit it, publish tile-done.",
+    n.workers_consumer("povray"): "Workers with POV-Ray on PATH: render one tile per message, "
+    "commit it, publish tile-done.",
     n.CONSUMER_FINALIZER: "Finalizer: tile-done events; assembles a job's image once every "
     "tile is done, then publishes job-completed.",
     n.CONSUMER_SCHEDULER_ADVISORIES: "Scheduler: copies the message an exhausted-delivery "
@@ -172,7 +179,13 @@ class Topology:
         nm = self.names
         return [
             (nm.stream(n.STREAM_JOBS), self._consumer(n.CONSUMER_SCHEDULER_JOBS, None)),
-            (nm.stream(n.STREAM_TILES), self._consumer(n.CONSUMER_WORKERS, None)),
+            *(
+                (
+                    nm.stream(n.STREAM_TILES),
+                    self._consumer(n.workers_consumer(r), nm.renderer_tiles(r)),
+                )
+                for r in n.RENDERERS
+            ),
             (
                 nm.stream(n.STREAM_EVENTS),
                 self._consumer(n.CONSUMER_FINALIZER, nm.tile_done_filter),

@@ -61,6 +61,7 @@ def new_job_for(request: SubmitRequest, scene: dict[str, Any], input_hash: str) 
         height=request.height,
         spp=request.spp,
         tile_size=request.tile_size,
+        renderer=request.renderer,
     )
 
 

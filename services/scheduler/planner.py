@@ -68,7 +68,7 @@ class Planner:
         tiles = await db.plan_tiles(job.job_id, rects, node=self.rt.node)
         crash.crash_point("scheduler.after_plan")
         todo = [t for t in tiles if t.state not in _DONE_OR_TERMINAL]
-        await publish_tiles(self.rt, todo)
+        await publish_tiles(self.rt, todo, {job.job_id: job.renderer})
         if tiles and all(t.state is TileState.DONE for t in tiles):
             await self._finalize_again(job_msg, tiles[-1], job.input_hash)
         self.log.info("planned", job_id=job.job_id, tiles=len(tiles), published=len(todo))

@@ -159,15 +159,17 @@ class Sweeper:
             self.rt.js, self.stream, names.tile_subjects_of(job_id), timeout_total=READ_TIMEOUT
         )
         if listed is not None:
-            return {
-                t.tile_index for t in tiles if names.tile_subject(job_id, t.tile_index) in listed
-            }
+            indexes = {i for (j, i) in filter(None, map(n.tile_of_subject, listed)) if j == job_id}
+            return {t.tile_index for t in tiles if t.tile_index in indexes}
         # The listing was cut short (a huge backlog): ask per tile.
         gate = asyncio.Semaphore(_JOB_READS)
+        job = await self.rt.db.get_job(job_id)
+        renderer = n.RENDERER_TESSERA if job is None else job.renderer
 
         async def queued(t: Tile) -> int | None:
             async with gate:
-                found = await self._in_stream(self.stream, names.tile_subject(job_id, t.tile_index))
+                subject = names.tile_subject(job_id, t.tile_index, renderer)
+                found = await self._in_stream(self.stream, subject)
             return t.tile_index if found else None
 
         return {i for i in await asyncio.gather(*(queued(t) for t in tiles)) if i is not None}

@@ -3,17 +3,22 @@
 A checkpoint is the tile's float64 accumulator after ``samples`` per pixel, written under a key
 of its own (``checkpoints/<job>/<tile>/<attempt>-<samples>.npy``, never overwritten), then
 named by the tile's progress pointer (KV, compare-and-set, carrying ``input_hash``), then
-recorded in the tile row under the owner's fence. A resume trusts the pointer only if its
-``input_hash`` is the job's and the object it names loads with the tile's shape; anything else
-starts from zero. Because every key is written once, a crash between the object and the pointer
-leaves the pointer naming exactly the bytes of the samples it records.
+recorded in the tile row under the owner's fence. The pointer's ``input_hash`` is
+:func:`kernel.hashing.checkpoint_hash` of the job's input hash and the renderer's name and
+version. A resume trusts the pointer only if that hash is the one this worker's renderer would
+write, the samples it records end a pass of the renderer's fixed pass plan (if it has one) and
+the object it names loads with the tile's shape; anything else starts from zero. Because every
+key is written once, a crash between the object and the pointer leaves the pointer naming
+exactly the bytes of the samples it records.
 """
 
 from __future__ import annotations
 
+from kernel.hashing import checkpoint_hash
 from kernel.rect import Rect
 from proto import names as n
 from services.worker.context import TileContext
+from services.worker.renderers import Renderer
 from shared.core import crash
 from shared.core.errors import DecodeError, NotFoundError, RetryableError, TerminalError
 from shared.core.tiles import Accumulator, from_npy, to_npy, zeros_for
@@ -32,9 +37,14 @@ class Checkpoints:
     tile run passes the samples it has reached and reads :attr:`resumed_from`.
     """
 
-    def __init__(self, ctx: TileContext, job: Job, tile: Tile, attempt_id: str, log: Log) -> None:
+    def __init__(
+        self, ctx: TileContext, job: Job, tile: Tile, attempt_id: str, log: Log, renderer: Renderer
+    ) -> None:
         self.ctx, self.job, self.tile, self.attempt_id, self.log = ctx, job, tile, attempt_id, log
         self.rect: Rect = tile.rect
+        #: what this worker's pointers carry, and what a resumable pointer must carry
+        self.input_hash = checkpoint_hash(job.input_hash, renderer.name, renderer.version)
+        self._plan = renderer.passes(job)
         self.pointer_key = n.progress_key(job.job_id, tile.tile_index)
         #: samples per pixel the attempt resumes from (0: from the start)
         self.resumed_from = 0
@@ -64,11 +74,14 @@ class Checkpoints:
         if found is None:
             return
         pointer, self._revision = found
-        if (
-            pointer.input_hash != self.job.input_hash
-            or not 0 < pointer.samples_done <= self.job.spp
-        ):
-            self.log.info("discarding a checkpoint of other inputs", samples=pointer.samples_done)
+        if pointer.input_hash != self.input_hash or not 0 < pointer.samples_done <= self.job.spp:
+            self.log.info(
+                "discarding a checkpoint of other inputs or another renderer version",
+                samples=pointer.samples_done,
+            )
+            return
+        if self._plan is not None and pointer.samples_done not in self._plan:
+            self.log.info("discarding a checkpoint off the pass plan", samples=pointer.samples_done)
             return
         self.resumed_from, self._checkpoint = pointer.samples_done, pointer.checkpoint_key
 
@@ -78,7 +91,7 @@ class Checkpoints:
         key = checkpoint_key(job.job_id, tile.tile_index, self.attempt_id, samples)
         await ctx.store.put(key, to_npy(acc))
         crash.crash_point("worker.before_pointer")
-        pointer = ProgressPointer(job.input_hash, samples, key, self.attempt_id)
+        pointer = ProgressPointer(self.input_hash, samples, key, self.attempt_id)
         try:
             self._revision = await ctx.progress.put(self.pointer_key, pointer, last=self._revision)
         except TerminalError:

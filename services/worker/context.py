@@ -1,7 +1,7 @@
 """What a tile run is handed by its worker, so that it never reaches back into the worker.
 
 :class:`TileContext` names everything one delivery may use: the stores, the job cache, the
-scene cache and kernel threads, a read-only view of the worker's stop requests
+scene cache and renderers, a read-only view of the worker's stop requests
 (:class:`StopView`) and the events it publishes (:class:`TileEvents`). The worker builds one
 context and passes it to every :class:`~services.worker.tile.TileRun`; a test builds its own
 from in-memory doubles.
@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Container
+from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
 from proto import names as n
 from proto.messages import TileDone
-from services.worker.kernels import KernelThreads
+from services.worker.renderers import Renderer
 from services.worker.scenes import SceneCache
 from shared.core.config import LeaseSettings, WorkerSettings
 from shared.core.errors import TerminalError
@@ -222,7 +222,8 @@ class TileContext:
     events: TileEvents
     jobs: JobCache
     scenes: SceneCache
-    kernels: KernelThreads
+    #: the renderers this worker runs, by name (a job's ``renderer`` picks one)
+    renderers: Mapping[str, Renderer]
     stop: StopView
     metrics: Metrics
     lease_config: LeaseSettings

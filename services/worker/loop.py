@@ -1,4 +1,10 @@
-"""The worker process: tiles in hand from the shared ``workers`` consumer, on kernel threads."""
+"""The worker process: tiles in hand from the consumers of its renderers, on kernel threads.
+
+At start the worker finds its renderers (:func:`services.worker.renderers.discovered`:
+``tessera`` and, on ``PATH``, ``blender`` and ``povray``, limited by ``TESSERA_RENDERERS``) and
+binds the TILES consumer of each (``workers`` for tessera, ``workers-<renderer>``), sharing its
+tiles in hand among them: a tile reaches only a worker that has its renderer.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +14,14 @@ from collections import OrderedDict
 from nats.aio.msg import Msg
 
 from proto import names as n
+from services.worker import renderers
 from services.worker.context import JobCache, NatsTileEvents, StopView, TileContext
 from services.worker.kernels import KernelThreads
-from services.worker.scenes import SceneCache
+from services.worker.renderers.tessera import TesseraKernel
+from services.worker.scenes import AssetSource, SceneCache
 from services.worker.tile import TileRun
 from shared.metadata import Job
-from shared.service.consume import consume
+from shared.service.consume import consume_many
 from shared.service.runtime import Runtime
 from shared.service.settle import Delivery
 
@@ -24,19 +32,24 @@ class Worker:
     """Holds up to ``in_hand`` TILES messages and renders their passes on ``slots`` kernel
     threads."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, assets: AssetSource | None = None) -> None:
         self.rt = rt
         self.log = rt.log.bind(component="worker")
         config = rt.settings.worker
         #: kernel threads
         self.slots = config.kernel_threads()
-        self.kernels = KernelThreads(self.slots)
+        #: the renderers this worker runs, by name
+        self.renderers = renderers.create_all(renderers.discovered(config.renderers), self.slots)
+        tessera = self.renderers.get(renderers.TESSERA)
+        #: the numba kernel's threads (idle in a worker told not to run it)
+        self.kernels = tessera.threads if isinstance(tessera, TesseraKernel) else KernelThreads(1)
         # Tiles in hand: by default twice the kernel threads, so while one tile of a thread does
         # its I/O (result write, fenced commit, tile-done, release, ack; then fetch, lease,
         # fence the next) the other's passes keep the core busy. Passes of the tiles in hand
         # share the threads.
         self.in_hand = config.tiles_in_hand()
-        self.scenes = SceneCache(config.scene_cache, config.scene_cache_bytes)
+        # ``assets``: the worker's AssetCache (issue 17, H4), for scenes that are asset references
+        self.scenes = SceneCache(config.scene_cache, config.scene_cache_bytes, assets)
         self._cancel_memory = config.cancel_memory
         self.handing_back = asyncio.Event()
         #: jobs announced cancelled (job-cancelled events); bounded, oldest forgotten first
@@ -50,7 +63,7 @@ class Worker:
             events=NatsTileEvents(rt, self.log),
             jobs=self.jobs,
             scenes=self.scenes,
-            kernels=self.kernels,
+            renderers=self.renderers,
             stop=StopView(self.handing_back, self.cancelled),
             metrics=rt.metrics,
             lease_config=rt.settings.leases,
@@ -65,11 +78,12 @@ class Worker:
         cancels = await self.rt.nc.subscribe(
             self.rt.names.event_filter(n.EventKind.JOB_CANCELLED), cb=self._on_cancel
         )
+        self.log.info("renderers", **{r.name: r.version for r in self.renderers.values()})
         try:
-            await consume(
+            await consume_many(
                 self.rt.js,
                 stream=self.rt.names.stream(n.STREAM_TILES),
-                durable=n.CONSUMER_WORKERS,
+                durables=[n.workers_consumer(name) for name in self.renderers],
                 handler=self.handle,
                 in_hand=self.in_hand,
                 stop=stop,
@@ -79,7 +93,8 @@ class Worker:
             )
         finally:
             await cancels.unsubscribe()
-            self.kernels.executor.shutdown(wait=False, cancel_futures=True)
+            for renderer in self.renderers.values():
+                await renderer.close()
 
     async def _on_cancel(self, msg: Msg) -> None:
         # The subject's job token is enough; the event body is for watchers.

@@ -1,5 +1,9 @@
 """The render loop of one tile attempt: sample passes off the event loop, checks between them.
 
+The loop is renderer-agnostic: the job's :class:`~services.worker.renderers.Renderer` prepares
+the scene and renders each pass; its pass plan fixes where passes end, or (``None``, the numba
+kernel) passes are sized from the measured rate (:func:`pass_size`).
+
 Between passes: lease still held? the worker draining? the job cancelled? Every
 ``checkpoint_interval``, the cancel flag is asked of the store and a checkpoint written. The loop
 ends :class:`Finished` or :class:`Stopped` with a :class:`~services.worker.context.StopReason`;
@@ -9,14 +13,15 @@ the tile run commits or settles what that means.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import time
 from dataclasses import dataclass
+from typing import Any
 
-import kernel
 from kernel.rect import Rect
 from services.worker.checkpoints import Checkpoints
 from services.worker.context import StopReason, TileContext
-from services.worker.scenes import KernelFailure
+from services.worker.renderers import PassPlan, Renderer, check_plan
 from shared.core.config import WorkerSettings
 from shared.core.errors import RetryableError
 from shared.core.tiles import Accumulator
@@ -51,23 +56,36 @@ class Stopped:
 class Render:
     """Renders one fenced tile for one attempt."""
 
-    def __init__(self, ctx: TileContext, job: Job, tile: Tile, beat: Heartbeat, log: Log) -> None:
+    def __init__(
+        self,
+        ctx: TileContext,
+        job: Job,
+        tile: Tile,
+        beat: Heartbeat,
+        log: Log,
+        renderer: Renderer,
+    ) -> None:
         self.ctx, self.job, self.tile, self.beat, self.log = ctx, job, tile, beat, log
+        self.renderer = renderer
 
     async def run(self, acc: Accumulator, cp: Checkpoints) -> Finished | Stopped:
         """Render from ``cp.resumed_from`` to the job's spp into ``acc``, checkpointing."""
         job, beat, tuning = self.job, self.beat, self.ctx.worker_config
-        prepared = await self.ctx.scenes.get(job, self.ctx.kernels.executor)
+        prepared = await self.ctx.scenes.get(job, self.renderer)
+        plan = self.renderer.passes(job)
+        if plan is not None:
+            plan = check_plan(plan, job.spp)
         rect: Rect = self.tile.rect
         samples, size = cp.resumed_from, tuning.samples_per_pass
         last_checkpoint = time.monotonic()
         while samples < job.spp:
             if why := self._stop_reason():
                 return Stopped(why, samples)
-            end = min(job.spp, samples + size)
+            end = min(job.spp, samples + size) if plan is None else _next_end(plan, samples)
             started = time.monotonic()
             await self._pass(prepared, rect, samples, end, acc)
-            size = pass_size(end - samples, time.monotonic() - started, tuning)
+            if plan is None:
+                size = pass_size(end - samples, time.monotonic() - started, tuning)
             samples = end
             due = time.monotonic() - last_checkpoint >= tuning.checkpoint_interval
             if due and samples < job.spp:
@@ -87,19 +105,24 @@ class Render:
         return self.ctx.stop.reason(self.job.job_id)
 
     async def _pass(
-        self, prepared: kernel.Prepared, rect: Rect, start: int, end: int, acc: Accumulator
+        self, prepared: Any, rect: Rect, start: int, end: int, acc: Accumulator
     ) -> None:
+        # The renderer raises its own Terminal/RetryableError; a timeout cancels its call,
+        # and a renderer with a process kills it before the cancellation ends.
         try:
             await asyncio.wait_for(
-                self.ctx.kernels.render(prepared, rect, start, end, acc),
+                self.renderer.render(prepared, rect, start, end, acc),
                 self.ctx.worker_config.progress_timeout,
             )
         except TimeoutError:
             raise Stalled(f"samples {start}..{end} made no progress") from None
-        except (ValueError, ArithmeticError, kernel.SceneError) as exc:
-            raise KernelFailure(f"kernel failed on samples {start}..{end}: {exc}") from exc
         samples = (end - start) * (rect[2] - rect[0]) * (rect[3] - rect[1])
         self.ctx.metrics.samples_rendered.inc(samples)
+
+
+def _next_end(plan: PassPlan, samples: int) -> int:
+    """Where the pass starting at ``samples`` ends under a fixed ``plan``."""
+    return plan[bisect.bisect_right(plan, samples)]
 
 
 def pass_size(samples: int, seconds: float, tuning: WorkerSettings) -> int:

@@ -137,13 +137,20 @@ class TileRun:
             self.log.info("tile already done")
         elif is_terminal(job.state) or job.cancel_requested or is_terminal(tile.state):
             self.log.info("job or tile is final; dropping", state=job.state.value)
+        elif job.renderer not in self.ctx.renderers:
+            # Routing sends a worker only the tiles of its renderers; a copy that reached it
+            # anyway (a consumer of an older topology) goes back for a worker that has it.
+            self.log.warning("tile of a renderer this worker lacks; handing back",
+                             renderer=job.renderer)  # fmt: skip
+            return Retry(float(self.ctx.lease_config.ttl))
         else:
             return job, tile
         return ACK
 
     async def _leased(self, job: Job, tile: Tile, beat: Heartbeat) -> Outcome:
         token = beat.lease.token
-        checkpoints = Checkpoints(self.ctx, job, tile, self.attempt_id, self.log)
+        renderer = self.ctx.renderers[job.renderer]  # (checked by _lookup)
+        checkpoints = Checkpoints(self.ctx, job, tile, self.attempt_id, self.log, renderer)
         # Loaded before the fence (a read), so the attempt records the resume that happens.
         acc = await checkpoints.resume()
         self.resumed_from = checkpoints.resumed_from
@@ -179,7 +186,8 @@ class TileRun:
     async def _render_and_commit(
         self, job: Job, tile: Tile, acc: Accumulator, cp: Checkpoints, beat: Heartbeat
     ) -> Outcome:
-        ended = await Render(self.ctx, job, tile, beat, self.log).run(acc, cp)
+        renderer = self.ctx.renderers[job.renderer]
+        ended = await Render(self.ctx, job, tile, beat, self.log, renderer).run(acc, cp)
         if isinstance(ended, Finished):
             committed = await self._commit(job, tile, acc, cp, beat)
             if not isinstance(committed, Stopped):

@@ -99,6 +99,8 @@ def _topology(topology: Topology, *, owner: bool) -> list[str]:
         out.append(f"{API}.STREAM.INFO.{stream.name}")
         if owner:
             out += [f"{API}.STREAM.CREATE.{stream.name}", f"{API}.STREAM.UPDATE.{stream.name}"]
+    if owner:  # the tile messages of the subject form before renderers (shared/nats/ensure.py)
+        out.append(f"{API}.STREAM.PURGE.{topology.names.stream(n.STREAM_TILES)}")
     for stream_name, consumer in topology.consumers():
         c = f"{stream_name}.{consumer.name}"
         out.append(f"{API}.CONSUMER.INFO.{c}")
@@ -144,7 +146,7 @@ def permissions(
             f"{API}.STREAM.MSG.GET.KV_{leases}",
         ],
         "worker": [
-            *_consume(s(n.STREAM_TILES), n.CONSUMER_WORKERS),
+            *(c for r in n.RENDERERS for c in _consume(s(n.STREAM_TILES), n.workers_consumer(r))),
             *_kv(leases, "tile.>"),
             *_kv(progress, "tile.>"),
             ev(n.EventKind.TILE_DONE),

@@ -26,6 +26,7 @@ import nats.errors
 from nats.js import JetStreamContext, api
 from nats.js.errors import APIError, NotFoundError, ServiceUnavailableError
 
+from proto import names as n
 from proto.topology import Topology
 from shared.core.errors import ConfigError, StoreUnavailable
 from shared.core.retry import RetryPolicy, backoff
@@ -46,6 +47,24 @@ async def ensure_topology(js: JetStreamContext, topology: Topology) -> None:
     for stream_name, consumer in topology.consumers():
         what = f"consumer {stream_name}/{consumer.name}"
         await _attempts(what, partial(_ensure_consumer, js, stream_name, consumer))
+    await _purge_legacy_tiles(js, topology)
+
+
+async def _purge_legacy_tiles(js: JetStreamContext, topology: Topology) -> None:
+    """Drop TILES messages of the subject form before renderers (``tessera.tiles.<job>.<i>``).
+
+    The ``workers`` consumer is filtered to ``tessera.tiles.tessera.>`` now, so nothing would
+    ever read them; their tiles have no message under their renderer's subject, so the sweeper
+    re-publishes them (DESIGN "Sweeper"). Asked first, so a read-only user never purges.
+    """
+    tiles = topology.names.stream(n.STREAM_TILES)
+    legacy = topology.names.legacy_tile_subjects
+    try:
+        info = await js.stream_info(tiles, subjects_filter=legacy)
+    except (NotFoundError, *_TRANSIENT):
+        return
+    if info.state.subjects:
+        await js.purge_stream(tiles, subject=legacy)
 
 
 async def _attempts(what: str, step: Callable[[], Awaitable[T]]) -> T:

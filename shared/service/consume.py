@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import nats.errors
 from nats.aio.msg import Msg
@@ -18,7 +18,7 @@ from nats.js.errors import ServerError, ServiceUnavailableError
 
 from shared.service.logs import Log
 
-__all__ = ["consume"]
+__all__ = ["consume", "consume_many"]
 
 Handler = Callable[[Msg], Awaitable[None]]
 
@@ -72,6 +72,106 @@ async def consume(
         await _drain(inflight, grace, log)
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
+
+
+async def consume_many(
+    js: JetStreamContext,
+    *,
+    stream: str,
+    durables: Sequence[str],
+    handler: Handler,
+    in_hand: int,
+    stop: asyncio.Event,
+    log: Log,
+    fetch_wait: float = 1.0,
+    grace: float,
+    on_stop: Callable[[], None] | None = None,
+) -> None:
+    """:func:`consume` over several durable consumers of one stream, sharing ``in_hand``.
+
+    One fetcher per consumer. A fetcher whose last fetch brought messages reserves every free
+    slot for its next fetch (a busy consumer keeps the worker full, as with one consumer); one
+    whose last fetch came back empty probes for a single message without reserving, so idle
+    consumers never hold slots a busy one could use. A probe that brings a message while the
+    others filled the slots can exceed ``in_hand`` by one: at most ``in_hand + len(durables) -
+    1`` messages are in hand. With one consumer this is :func:`consume`.
+    """
+    if len(durables) == 1:
+        await consume(js, stream=stream, durable=durables[0], handler=handler, in_hand=in_hand,
+                      stop=stop, log=log, fetch_wait=fetch_wait, grace=grace,
+                      on_stop=on_stop)  # fmt: skip
+        return
+    subs = [await js.pull_subscribe_bind(durable=d, stream=stream) for d in durables]
+    shared = _Shared(handler, in_hand, stop, log, stream, fetch_wait)
+    stopping = asyncio.create_task(_call_on(stop, on_stop)) if on_stop is not None else None
+    waking = asyncio.create_task(_call_on(stop, shared.changed.set))
+    fetchers = [asyncio.create_task(shared.fetcher(sub)) for sub in subs]
+    try:
+        await asyncio.gather(*fetchers)
+    finally:
+        for task in (*fetchers, waking):
+            task.cancel()
+        await asyncio.gather(*fetchers, waking, return_exceptions=True)
+        if stopping is not None:
+            stopping.cancel()
+        if on_stop is not None:
+            on_stop()  # (again, if ``stop`` was set: it must be idempotent)
+        await _drain(shared.inflight, grace, log)
+        for sub in subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+
+class _Shared:
+    """The in-hand budget several fetchers of :func:`consume_many` share."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        in_hand: int,
+        stop: asyncio.Event,
+        log: Log,
+        stream: str,
+        fetch_wait: float,
+    ) -> None:
+        self.handler, self.in_hand, self.stop, self.log = handler, in_hand, stop, log
+        self.stream, self.fetch_wait = stream, fetch_wait
+        self.inflight: set[asyncio.Task[None]] = set()
+        self.changed = asyncio.Event()  # set whenever a slot may have come free (or stop)
+        self.reserved = 0  # slots busy fetchers asked for and have not got yet
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self.inflight.discard(task)
+        self.changed.set()
+
+    async def fetcher(self, sub: JetStreamContext.PullSubscription) -> None:
+        """Fetch from ``sub`` while there is room, until ``stop``."""
+        busy = True
+        while True:
+            self.changed.clear()  # (before the check: a slot freed after it sets it again)
+            if self.stop.is_set():
+                return
+            free = self.in_hand - len(self.inflight) - self.reserved
+            if free <= 0:
+                await self.changed.wait()
+                continue
+            want = free if busy else 1
+            self.reserved += want if busy else 0
+            try:
+                msgs = await _fetch(sub, want, self.fetch_wait, self.stop, self.log, self.stream)
+            finally:
+                self.reserved -= want if busy else 0
+                self.changed.set()
+            busy = bool(msgs)
+            if self.stop.is_set():  # fetched while stopping: hand back untouched, for others
+                for msg in msgs:
+                    with contextlib.suppress(Exception):
+                        await msg.nak()
+                return
+            for msg in msgs:
+                task = asyncio.create_task(_guarded(self.handler, msg, self.log))
+                self.inflight.add(task)
+                task.add_done_callback(self._done)
 
 
 async def _fetch(

@@ -4,6 +4,7 @@ lost tiles and a DLQ requeue all go through :func:`publish_tiles`."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
 from proto import names as n
 from proto.messages import TileMessage
@@ -16,8 +17,13 @@ __all__ = ["publish_tiles"]
 _PUBLISH_CONCURRENCY = 256
 
 
-async def publish_tiles(rt: Runtime, tiles: list[Tile]) -> None:
+async def publish_tiles(
+    rt: Runtime, tiles: list[Tile], renderers: Mapping[str, str] | None = None
+) -> None:
     """Publish the TILES messages of ``tiles``, each under its row's generation, concurrently.
+
+    Each goes to its job's renderer's subject (``tessera.tiles.<renderer>.<job>.<i>``):
+    ``renderers`` maps job ids to renderers; a job it does not name is looked up.
 
     ``published_at`` is stamped before the publishes and again after them: the first stamp
     tells the sweeper these tiles are being published (its claim of a tile whose
@@ -29,6 +35,11 @@ async def publish_tiles(rt: Runtime, tiles: list[Tile]) -> None:
     for t in tiles:
         by_generation.setdefault((t.job_id, t.generation), []).append(t.tile_index)
 
+    renderer_of = dict(renderers or {})
+    for job_id in {t.job_id for t in tiles} - renderer_of.keys():
+        job = await rt.db.get_job(job_id)
+        renderer_of[job_id] = n.RENDERER_TESSERA if job is None else job.renderer
+
     async def stamp() -> None:
         for (job_id, gen), indexes in by_generation.items():
             await rt.db.mark_published(job_id, indexes, gen)
@@ -39,7 +50,7 @@ async def publish_tiles(rt: Runtime, tiles: list[Tile]) -> None:
         async with gate:
             ack = await publish(
                 rt.js,
-                names.tile_subject(tile.job_id, tile.tile_index),
+                names.tile_subject(tile.job_id, tile.tile_index, renderer_of[tile.job_id]),
                 message,
                 msg_id=n.tile_msg_id(tile.job_id, tile.tile_index, gen),
             )

@@ -35,7 +35,13 @@ def test_job_ids_are_time_ordered_uuid7_tokens() -> None:
 
 def test_subjects_keys_and_ids() -> None:
     nm, job = n.Names(), "0190abcd-0000-7000-8000-000000000001"
-    assert nm.tile_subject(job, 7) == f"tessera.tiles.{job}.7"
+    assert nm.tile_subject(job, 7) == f"tessera.tiles.tessera.{job}.7"
+    assert nm.tile_subject(job, 7, "povray") == f"tessera.tiles.povray.{job}.7"
+    assert nm.tile_subjects_of(job) == f"tessera.tiles.*.{job}.*"
+    assert nm.renderer_tiles("blender") == "tessera.tiles.blender.>"
+    assert n.workers_consumer("tessera") == "workers"  # the name before renderers: kept
+    assert n.workers_consumer("povray") == "workers-povray"
+    assert n.tile_of_subject(nm.tile_subject(job, 7, "blender")) == (job, 7)
     assert nm.event_subject(job, n.EventKind.TILE_DONE) == f"tessera.events.{job}.tile-done"
     assert nm.dlq_subject(job, n.dlq_unit_tile(7)) == f"tessera.dlq.{job}.tile-7"
     assert nm.api_subject(n.ApiVerb.DLQ_REQUEUE) == "tessera.api.dlq.requeue"
@@ -87,7 +93,7 @@ def test_prefix_makes_every_name_disjoint(prefix: str) -> None:
         assert not any(overlap(x, y) for y in subjects(default)), x
         assert sum(overlap(x, y) for y in subjects(mine)) == 1, x  # only itself
     a = Topology(prefix="ta")
-    assert a.names.tile_subject("j", 1) == "ta.tessera.tiles.j.1"
+    assert a.names.tile_subject("j", 1) == "ta.tessera.tiles.tessera.j.1"
     assert a.names.queue_group == "ta_tessera-gateway"
     with pytest.raises(errors.ValidationError):
         Topology(prefix="a.b")
@@ -145,8 +151,11 @@ def test_exceptions_map_to_codes(exc: BaseException, code: ErrorCode) -> None:
 @pytest.mark.parametrize(
     ("subject", "job"),
     [
-        ("tessera.tiles.j1.0", "j1"),
+        ("tessera.tiles.j1.0", "j1"),  # the form before renderers
         ("t9.tessera.tiles.job-7.12", "job-7"),
+        ("tessera.tiles.tessera.j1.0", "j1"),
+        ("t9.tessera.tiles.povray.job-7.12", "job-7"),
+        ("tessera.tiles.blender.j1.x", None),
         ("tessera.tiles.j1.x", None),
         ("tessera.jobs.j1", None),
         ("garbage", None),

@@ -55,10 +55,13 @@ async def assert_topology(js: JetStreamContext, topo: Topology) -> None:
         assert cfg.retention == want
         assert not cfg.subject_delete_marker_ttl
         assert cfg.description and cfg.description == stream.description
+    declared: dict[str, set[str]] = {}
+    for stream_name, consumer in topo.consumers():
+        declared.setdefault(stream_name, set()).add(str(consumer.name))
     for stream_name, consumer in topo.consumers():
         infos = await js._jsm.consumers_info(stream_name)
-        assert [c.name for c in infos] == [consumer.name]
-        ccfg = infos[0].config
+        assert {c.name for c in infos} == declared[stream_name]
+        (ccfg,) = [c.config for c in infos if c.name == consumer.name]
         assert ccfg.durable_name == consumer.name
         assert ccfg.ack_policy == api.AckPolicy.EXPLICIT
         assert ccfg.ack_wait == pytest.approx(topo.ack_wait)
@@ -130,7 +133,7 @@ async def test_every_stream_consumer_and_bucket_is_described(nc: Client) -> None
     js, topo = nc.jetstream(), fresh()
     await ensure_topology(js, topo)
     found = await descriptions(js, topo)
-    assert len(found) == 11  # 5 streams, 2 buckets, 4 consumers
+    assert len(found) == 13  # 5 streams, 2 buckets, 6 consumers (3 of them on TILES)
     assert all(d and len(d) > 40 for d in found), found
     kv = await js.key_value(topo.names.bucket(n.BUCKET_LEASES))  # what `nats kv ls` shows
     assert "lease" in ((await kv.status()).stream_info.config.description or "")
@@ -142,7 +145,7 @@ async def test_ensure_describes_an_existing_undescribed_topology(nc: Client) -> 
     js, topo = nc.jetstream(), fresh()
     old = Undescribed(prefix=topo.prefix)
     await ensure_topology(js, old)
-    assert await descriptions(js, old) == [None] * 11
+    assert await descriptions(js, old) == [None] * 13
     tiles = topo.names.stream(n.STREAM_TILES)
     await js.publish(topo.names.tile_subject("j1", 0), b"x")
     await ensure_topology(js, topo)
@@ -152,6 +155,40 @@ async def test_ensure_describes_an_existing_undescribed_topology(nc: Client) -> 
     await ensure_topology(js, old)  # an old service in a rolling upgrade: leaves them be
     assert await descriptions(js, old) == await descriptions(js, topo)
     assert all(await descriptions(js, topo))
+
+
+class BeforeRenderers(Topology):
+    """The topology as declared before renderers: one unfiltered ``workers`` on TILES."""
+
+    def consumers(self) -> list[tuple[str, api.ConsumerConfig]]:
+        tiles = self.names.stream(n.STREAM_TILES)
+        kept = [(s, c) for s, c in super().consumers() if s != tiles]
+        old = self._consumer(n.CONSUMER_WORKERS, None)
+        return [*kept, (tiles, old)]
+
+
+async def test_a_deployment_from_before_renderers_migrates(nc: Client) -> None:
+    """The old unfiltered ``workers`` consumer becomes tessera's (filtered; its position and
+    pending tessera tiles kept), the other renderers' consumers are added beside it (a work
+    queue refuses overlapping filters, so this fails if ``workers`` stayed unfiltered), and
+    tile messages of the old subject form, which nothing reads any more, are purged."""
+    js, topo = nc.jetstream(), fresh()
+    tiles = topo.names.stream(n.STREAM_TILES)
+    await ensure_topology(js, BeforeRenderers(prefix=topo.prefix))
+    assert {c.name for c in await js._jsm.consumers_info(tiles)} == {n.CONSUMER_WORKERS}
+    await js.publish(f"{topo.prefix}.tessera.tiles.j1.0", b"old form")
+    await js.publish(topo.names.tile_subject("j2", 0), b"tessera")
+    await js.publish(topo.names.tile_subject("j3", 0, "povray"), b"povray")
+    await ensure_topology(js, topo)
+    await assert_topology(js, topo)
+    info = await js.stream_info(tiles, subjects_filter=topo.names.tiles_subjects)
+    assert set(info.state.subjects or {}) == {
+        topo.names.tile_subject("j2", 0),
+        topo.names.tile_subject("j3", 0, "povray"),
+    }
+    assert (await js.consumer_info(tiles, n.CONSUMER_WORKERS)).num_pending == 1
+    assert (await js.consumer_info(tiles, n.workers_consumer("povray"))).num_pending == 1
+    assert (await js.consumer_info(tiles, n.workers_consumer("blender"))).num_pending == 0
 
 
 async def test_unchangeable_retention_is_a_config_error(nc: Client) -> None:

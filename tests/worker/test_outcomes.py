@@ -119,7 +119,7 @@ async def _held(node: Node, job_id: str, *, in_pass: bool = True) -> AsyncIterat
     job = await node.worker.job(job_id)
     assert job is not None
     if in_pass:
-        await node.worker.scenes.get(job, node.worker.kernels.executor)
+        await node.worker.scenes.get(job, node.worker.renderers["tessera"])
     gate = threading.Event()
     blocker = node.worker.kernels.executor.submit(gate.wait, 300)
     try:
@@ -297,7 +297,7 @@ async def test_a_drain_whose_grace_runs_out_ends_the_attempt_as_handed_back(
         job_id = await _submit(a.rt)
         job = await a.worker.job(job_id)
         assert job is not None
-        await a.worker.scenes.get(job, a.worker.kernels.executor)
+        await a.worker.scenes.get(job, a.worker.renderers["tessera"])
         gate = threading.Event()
         a.worker.kernels.executor.submit(gate.wait, 300)  # the pass cannot end in the grace
         stop = asyncio.Event()

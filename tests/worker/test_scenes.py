@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 import kernel
-from services.worker import scenes
+from services.worker.renderers.tessera import TesseraKernel
 from services.worker.scenes import KernelFailure, SceneCache
 from shared.core.lifecycle import JobState
 from shared.metadata import Job
@@ -30,13 +29,14 @@ def _job(job_id: str, scene: Any = "cornell") -> Job:
 
 
 @pytest.fixture
-def pool() -> Any:
-    with ThreadPoolExecutor(2) as executor:
-        yield executor
+async def pool() -> Any:
+    renderer = TesseraKernel(2)
+    yield renderer
+    await renderer.close()
 
 
 async def test_tiles_arriving_together_share_one_preparation(
-    pool: ThreadPoolExecutor, monkeypatch: pytest.MonkeyPatch
+    pool: TesseraKernel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls, entered, release = [], threading.Event(), threading.Event()
     real = kernel.prepare
@@ -47,7 +47,7 @@ async def test_tiles_arriving_together_share_one_preparation(
         assert release.wait(30)
         return real(*args)
 
-    monkeypatch.setattr(kernel, "prepare", slow_prepare)  # scenes calls kernel.prepare
+    monkeypatch.setattr(kernel, "prepare", slow_prepare)  # the renderer calls kernel.prepare
     cache, job = SceneCache(), _job("a")
     first = asyncio.create_task(cache.get(job, pool))
     assert await asyncio.to_thread(entered.wait, 30), "the preparation started"
@@ -63,7 +63,7 @@ async def test_tiles_arriving_together_share_one_preparation(
 
 
 async def test_a_rejected_scene_fails_every_waiter_and_is_not_cached(
-    pool: ThreadPoolExecutor,
+    pool: TesseraKernel,
 ) -> None:
     cache, job = SceneCache(), _job("bad", scene={"objects": "not a list"})
     outcomes = await asyncio.gather(
@@ -75,12 +75,12 @@ async def test_a_rejected_scene_fails_every_waiter_and_is_not_cached(
         await cache.get(job, pool)  # tried again, not a cached failure
 
 
-async def test_bounded_by_count_and_by_bytes_newest_always_kept(pool: ThreadPoolExecutor) -> None:
+async def test_bounded_by_count_and_by_bytes_newest_always_kept(pool: TesseraKernel) -> None:
     by_count = SceneCache(size=2)
     for name in "abc":
         await by_count.get(_job(name), pool)
     assert list(by_count._items) == ["b", "c"]
-    one = scenes._nbytes(await SceneCache().get(_job("x"), pool))
+    one = pool.nbytes(await SceneCache().get(_job("x"), pool))
     by_bytes = SceneCache(size=8, max_bytes=2 * one)
     for name in "abcd":
         await by_bytes.get(_job(name), pool)
@@ -90,8 +90,8 @@ async def test_bounded_by_count_and_by_bytes_newest_always_kept(pool: ThreadPool
     assert list(tiny._items) == ["big"], "the scene in use stays even over the bound"
 
 
-async def test_a_mesh_scene_counts_its_source_arrays(pool: ThreadPoolExecutor) -> None:
+async def test_a_mesh_scene_counts_its_source_arrays(pool: TesseraKernel) -> None:
     prepared = await SceneCache().get(_job("m", scene="mesh"), pool)
     mesh = sum(m.vertices.nbytes + m.indices.nbytes for m in prepared.scene.meshes)
     flat = sum(a.nbytes for a in (*prepared.geometry(), prepared.camera, prepared.params))
-    assert mesh > 0 and scenes._nbytes(prepared) == mesh + flat
+    assert mesh > 0 and pool.nbytes(prepared) == mesh + flat

@@ -4,12 +4,13 @@ The stores are the doubles of ``tests/doubles`` (held to NATS KV and PostgreSQL 
 suites there). The delivery is :class:`~tests.doubles.delivery.FakeDelivery`, which records how it
 was settled. Each case asserts the settle decision and what the run left in the stores. Events
 in the run (a lease lost, a newer owner, a drain) are made to happen after a given sample pass
-by :class:`HookedKernels`, so nothing depends on timing.
+by :class:`HookedKernels` (the real ``tessera`` renderer, hooked), so nothing depends on timing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from kernel.rect import Rect
 from proto import names as n
 from proto.messages import TileDone, TileMessage
 from services.worker.context import JobCache, StopView, TileContext
-from services.worker.kernels import KernelThreads
+from services.worker.renderers.tessera import TesseraKernel
 from services.worker.scenes import SceneCache
 from services.worker.tile import TileRun
 from shared.core.config import LeaseSettings, WorkerSettings
@@ -43,8 +44,8 @@ from tests.metadata.conftest import make_new_job
 SPP = 2  # two passes of one sample: the hooks run between them
 
 
-class HookedKernels(KernelThreads):
-    """The real kernel threads; ``after_pass(end)`` runs once a pass reaching ``end`` is done."""
+class HookedKernels(TesseraKernel):
+    """The real kernel renderer; ``after_pass(end)`` runs once a pass reaching ``end`` is done."""
 
     def __init__(self) -> None:
         super().__init__(1)
@@ -139,10 +140,10 @@ class Rig:
         return n.lease_key_tile(self.job.job_id, 0)
 
 
-async def _rig(tmp_path: Path, scene: dict[str, object] | None = None) -> Rig:
+async def _rig(tmp_path: Path, scene: dict[str, object] | None = None, spp: int = SPP) -> Rig:
     db, leases, pointers, events = FlakyMetadata(), WatchedLeases(), MemoryPointers(), Events()
     doc = kernel.builtin_scene("spheres") if scene is None else scene
-    new = make_new_job(width=8, height=8, tile_size=8, spp=SPP, scene=doc)
+    new = make_new_job(width=8, height=8, tile_size=8, spp=spp, scene=doc)
     job = (await db.submit_job(new)).job
     await db.plan_tiles(job.job_id, [(0, 0, 8, 8)])
     kernels, handing_back, cancelled = HookedKernels(), asyncio.Event(), set[str]()
@@ -155,7 +156,7 @@ async def _rig(tmp_path: Path, scene: dict[str, object] | None = None) -> Rig:
         events=events,
         jobs=JobCache(db, 8),
         scenes=SceneCache(),
-        kernels=kernels,
+        renderers={kernels.name: kernels},
         stop=StopView(handing_back, cancelled),
         metrics=Metrics(),
         lease_config=LeaseSettings(ttl=10, heartbeat_interval=0.05),
@@ -337,3 +338,63 @@ async def test_the_heartbeat_extends_the_delivery(rig: Rig):
     rig.kernels.after_pass = hold
     await rig.run(d)
     assert d.settled == "ack"
+
+
+async def test_a_checkpoint_of_another_renderer_version_is_not_resumed(rig: Rig):
+    """The pointer's hash covers the renderer's name and version: after the renderer changes
+    version (an upgraded Blender, a new kernel), the tile starts over instead of resuming."""
+
+    async def drain(end: int) -> None:
+        rig.handing_back.set()
+
+    rig.kernels.after_pass = drain
+    await rig.run()  # one pass, checkpointed, handed back
+    found = await rig.pointers.get(n.progress_key(rig.job.job_id, 0))
+    assert found is not None and found[0].samples_done == 1
+    rig.handing_back.clear()
+    rig.kernels.after_pass = None
+    rig.kernels.version = "2.0.0"  # the same renderer, another version
+    again, d2 = await rig.run()
+    assert d2.settled == "ack" and again.resumed_from == 0, "started over"
+    assert await rig.tile_state() is TileState.DONE
+
+
+class Planned(HookedKernels):
+    """The kernel under a fixed pass plan (as Blender's), recording the passes it ran."""
+
+    def __init__(self, plan: tuple[int, ...]) -> None:
+        super().__init__()
+        self.plan, self.ran = plan, list[tuple[int, int]]()
+
+    def passes(self, job: Job) -> tuple[int, ...]:
+        return self.plan
+
+    async def render(
+        self, prepared: kernel.Prepared, rect: Rect, start: int, end: int, acc: Accumulator
+    ) -> None:
+        self.ran.append((start, end))
+        await super().render(prepared, rect, start, end, acc)
+
+
+@pytest.mark.parametrize("later_plan", [(3, 4), (2, 4)])
+async def test_a_fixed_pass_plan_is_followed_and_an_off_plan_checkpoint_dropped(
+    tmp_path: Path, later_plan: tuple[int, int]
+) -> None:
+    rig = await _rig(tmp_path, spp=4)
+    planned = Planned((3, 4))
+    rig.ctx = dataclasses.replace(rig.ctx, renderers={planned.name: planned})
+
+    async def drain(end: int) -> None:
+        rig.handing_back.set()
+
+    planned.after_pass = drain
+    await rig.run()
+    assert planned.ran == [(0, 3)], "the plan's first pass, not samples_per_pass"
+    rig.handing_back.clear()
+    planned.after_pass, planned.plan = None, later_plan
+    again, d = await rig.run()
+    assert d.settled == "ack" and await rig.tile_state() is TileState.DONE
+    if later_plan == (3, 4):
+        assert again.resumed_from == 3 and planned.ran == [(0, 3), (3, 4)]
+    else:  # 3 samples end no pass of the plan now: not resumed
+        assert again.resumed_from == 0 and planned.ran == [(0, 3), (0, 2), (2, 4)]

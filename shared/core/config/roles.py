@@ -94,6 +94,15 @@ class WorkerSettings:
         read_by="worker",
         minimum=0,
     )
+    #: renderers the worker runs: ``auto`` (tessera, and blender / povray if found on PATH) or
+    #: a comma-separated list (a listed renderer that is not found stops the worker at start)
+    renderers: str = _knob(
+        "auto",
+        "TESSERA_RENDERERS",
+        "renderers a worker runs: `auto` (tessera, plus blender and povray if on PATH) or a "
+        "comma-separated list such as `tessera,povray` (one not found: the worker does not start)",
+        read_by="worker",
+    )
     #: job rows a worker caches (what tiles need of a job never changes)
     job_cache: int = _knob(
         256,
