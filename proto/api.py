@@ -13,8 +13,14 @@ subject                   schema              fields (defaults)
 ========================  ==================  ==============================================
 ``tessera.api.submit``    SubmitRequest       project, scene, width, height, spp, frame (0),
                                               tile_size (64), max_depth (64), seed (0),
-                                              idempotency_key (derived)
+                                              idempotency_key (derived), priority (50),
+                                              deadline (none)
 ``.status/.cancel/.retry``  JobRequest        job_id
+``.pause/.resume``        JobRequest          job_id
+``tessera.api.priority``  PriorityRequest     job_id, priority
+``.project.set``          ProjectSetRequest   name, weight, max_in_flight (none), actor
+``.project.list``         ProjectListRequest  (no fields)
+``.project.show``         ProjectShowRequest  name
 ``tessera.api.list``      ListRequest         state, limit (100), cursor
 ``.dlq.list``             DlqListRequest      job_id, limit (100), cursor
 ``.dlq.show``             DlqShowRequest      seq (DLQ stream sequence)
@@ -27,8 +33,10 @@ subject                   schema              fields (defaults)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, Self, TypeVar
 
 import msgpack
@@ -39,6 +47,7 @@ from proto.limits import (
     CURSOR_RE,
     DEFAULT_BOUNCES,
     DEFAULT_LIST_LIMIT,
+    DEFAULT_PRIORITY,
     DEFAULT_REQUEUE_RATE,
     DEFAULT_TILE_SIZE,
     IDEMPOTENCY_KEY_RE,
@@ -46,6 +55,7 @@ from proto.limits import (
     MAX_DIMENSION,
     MAX_FRAME,
     MAX_LIST_LIMIT,
+    MAX_PRIORITY,
     MAX_REQUEST_BYTES,
     MAX_REQUEUE_LIMIT,
     MAX_REQUEUE_RATE,
@@ -81,6 +91,30 @@ def _limit(body: Body, hi: int = MAX_LIST_LIMIT) -> int:
     return check_range("limit", body.integer("limit", min(DEFAULT_LIST_LIMIT, hi)), 1, hi)
 
 
+def parse_deadline(raw: str, *, now: datetime | None = None) -> datetime:
+    """An ISO 8601 time with a UTC offset, in the future: as an aware UTC datetime.
+
+    ValidationError for an unparsable time, one without an offset (ambiguous) or one that has
+    passed (``now``, default the current time).
+    """
+    try:
+        at = datetime.fromisoformat(raw)
+    except ValueError:
+        raise ValidationError(
+            f"deadline: {raw!r:.60} is not an ISO 8601 time (e.g. 2026-12-01T19:00:00Z)"
+        ) from None
+    if at.tzinfo is None or at.utcoffset() is None:
+        raise ValidationError(f"deadline: {raw!r:.60} has no UTC offset (add Z or +HH:MM)")
+    at = at.astimezone(UTC)
+    if at <= (now or datetime.now(UTC)):
+        raise ValidationError(f"deadline: {at.isoformat()} is in the past")
+    return at
+
+
+def _priority(value: int) -> int:
+    return check_range("priority", value, 0, MAX_PRIORITY)
+
+
 def _cursor(body: Body) -> str | None:
     value = body.string("cursor", None)
     return None if value is None else check_str("cursor", value, CURSOR_RE, 256)
@@ -104,6 +138,14 @@ class SubmitRequest:
     idempotency_key: Annotated[
         str | None, "the same key returns the same job (default: derived from the body)"
     ] = None
+    priority: Annotated[
+        int, "0..100, higher is released first (not part of the idempotency key)"
+    ] = DEFAULT_PRIORITY
+    deadline: Annotated[
+        str | None,
+        "ISO 8601 time with a UTC offset, in the future: the job fails ``deadline_exceeded`` "
+        "if not completed by then (default none; not part of the idempotency key)",
+    ] = None
 
     def __post_init__(self) -> None:
         check_str("project", self.project, PROJECT_RE, 64)
@@ -117,6 +159,13 @@ class SubmitRequest:
         check_range("seed", self.seed, 0, MAX_SEED)
         if self.idempotency_key is not None:
             check_str("idempotency_key", self.idempotency_key, IDEMPOTENCY_KEY_RE, 128)
+        _priority(self.priority)
+        if self.deadline is not None:
+            parse_deadline(self.deadline)
+
+    def deadline_at(self) -> datetime | None:
+        """``deadline`` as an aware UTC datetime (None: no deadline)."""
+        return None if self.deadline is None else parse_deadline(self.deadline)
 
     @classmethod
     def from_body(cls, body: Body) -> Self:
@@ -126,8 +175,10 @@ class SubmitRequest:
         ints |= {n: body.integer(n, d) for n, d in (defaults | {"seed": 0}).items()}
         project, scene = body.string("project"), body.raw("scene")
         key = body.string("idempotency_key", None)
+        ints["priority"] = body.integer("priority", DEFAULT_PRIORITY)
+        deadline = body.string("deadline", None)
         body.done()
-        return cls(project=project, scene=scene, idempotency_key=key, **ints)
+        return cls(project=project, scene=scene, idempotency_key=key, deadline=deadline, **ints)
 
     def to_body(self) -> dict[str, Any]:
         """The JSON object a client sends."""
@@ -149,7 +200,99 @@ class JobRequest:
         return cls(job_id)
 
 
-StatusRequest = CancelRequest = RetryRequest = JobRequest
+StatusRequest = CancelRequest = RetryRequest = PauseRequest = ResumeRequest = JobRequest
+
+
+@dataclass(frozen=True)
+class PriorityRequest:
+    """``tessera.api.priority``: change a queued, running, progressing or paused job's priority."""
+
+    job_id: Annotated[str, "the job's id"]
+    priority: Annotated[int, "the new priority, 0..100 (higher is released first)"]
+
+    def __post_init__(self) -> None:
+        _priority(self.priority)
+
+    @classmethod
+    def from_body(cls, body: Body) -> Self:
+        """Read and validate a parsed body."""
+        job_id, priority = _job_id(body), body.integer("priority")
+        body.done()
+        return cls(job_id, priority)
+
+
+MAX_WEIGHT = 1e6
+ACTOR_RE = PROJECT_RE
+
+
+def _weight(body: Body) -> float:
+    value = body.raw("weight")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise DecodeError(f"weight: expected a number, got {type(value).__name__}")
+    weight = float(value)
+    if not (math.isfinite(weight) and 0 < weight <= MAX_WEIGHT):
+        raise ValidationError(f"weight: {value!r:.40} must be a finite number > 0 and <= 1e6")
+    return weight
+
+
+@dataclass(frozen=True)
+class ProjectSetRequest:
+    """``tessera.api.project.set``: a project's fair-share weight and in-flight cap (upsert).
+
+    Audited in ``project_events`` with ``actor``: the client's ``--actor`` if given, else the
+    NATS user the request came from (the gateway's user when the server does not say).
+    """
+
+    name: Annotated[str, "project name (1..64 of [A-Za-z0-9._-])"]
+    weight: Annotated[float, "fair-share weight, a finite number > 0 (at most 1e6)"]
+    max_in_flight: Annotated[
+        int | None, "at most this many of its tiles leased at once (>= 1; null: no cap)"
+    ] = None
+    actor: Annotated[str | None, "who makes the change, for the audit (default: the sender)"] = None
+
+    def __post_init__(self) -> None:
+        check_str("name", self.name, PROJECT_RE, 64)
+        if not (math.isfinite(self.weight) and 0 < self.weight <= MAX_WEIGHT):
+            raise ValidationError(f"weight: {self.weight!r} must be a finite number > 0")
+        if self.max_in_flight is not None:
+            check_range("max_in_flight", self.max_in_flight, 1, MAX_TILES * 1000)
+        if self.actor is not None:
+            check_str("actor", self.actor, ACTOR_RE, 128)
+
+    @classmethod
+    def from_body(cls, body: Body) -> Self:
+        """Read and validate a parsed body."""
+        name, weight = body.string("name"), _weight(body)
+        cap = body.integer("max_in_flight", None)
+        actor = body.string("actor", None)
+        body.done()
+        return cls(name, weight, cap, actor)
+
+
+@dataclass(frozen=True)
+class ProjectListRequest:
+    """``tessera.api.project.list``: every project (configured, or named by a live job or by
+    recent work)."""
+
+    @classmethod
+    def from_body(cls, body: Body) -> Self:
+        """Read and validate a parsed body."""
+        body.done()
+        return cls()
+
+
+@dataclass(frozen=True)
+class ProjectShowRequest:
+    """``tessera.api.project.show``: one project."""
+
+    name: Annotated[str, "project name"]
+
+    @classmethod
+    def from_body(cls, body: Body) -> Self:
+        """Read and validate a parsed body."""
+        name = check_str("name", body.string("name"), PROJECT_RE, 64)
+        body.done()
+        return cls(name)
 
 
 @dataclass(frozen=True)
@@ -280,9 +423,11 @@ class ResultRequest:
 
 
 R = TypeVar("R", SubmitRequest, JobRequest, ListRequest, DlqListRequest, DlqShowRequest,
-            DlqRequeueRequest, DlqPurgeRequest, ResultRequest)  # fmt: skip
+            DlqRequeueRequest, DlqPurgeRequest, ResultRequest, PriorityRequest,
+            ProjectSetRequest, ProjectListRequest, ProjectShowRequest)  # fmt: skip
 REQUEST_SCHEMAS = (SubmitRequest, JobRequest, ListRequest, DlqListRequest, DlqShowRequest,
-                   DlqRequeueRequest, DlqPurgeRequest, ResultRequest)  # fmt: skip
+                   DlqRequeueRequest, DlqPurgeRequest, ResultRequest, PriorityRequest,
+                   ProjectSetRequest, ProjectListRequest, ProjectShowRequest)  # fmt: skip
 
 
 VERB_REQUESTS: dict[ApiVerb, type] = {
@@ -296,6 +441,12 @@ VERB_REQUESTS: dict[ApiVerb, type] = {
     ApiVerb.DLQ_SHOW: DlqShowRequest,
     ApiVerb.DLQ_REQUEUE: DlqRequeueRequest,
     ApiVerb.DLQ_PURGE: DlqPurgeRequest,
+    ApiVerb.PRIORITY: PriorityRequest,
+    ApiVerb.PAUSE: PauseRequest,
+    ApiVerb.RESUME: ResumeRequest,
+    ApiVerb.PROJECT_SET: ProjectSetRequest,
+    ApiVerb.PROJECT_LIST: ProjectListRequest,
+    ApiVerb.PROJECT_SHOW: ProjectShowRequest,
 }
 """The request schema of every verb."""
 

@@ -1,7 +1,9 @@
 """The render loop of one tile attempt: sample passes off the event loop, checks between them.
 
-Between passes: lease still held? the worker draining? the job cancelled? Every
-``checkpoint_interval``, the cancel flag is asked of the store and a checkpoint written. The loop
+Between passes: lease still held? the worker draining? the job cancelled? an event saying the
+job was paused or failed (then its row is read at once)? Every ``checkpoint_interval`` the job's
+row is read (cancelled, paused or ended: :func:`~services.worker.context.control_stop`) and a
+checkpoint written. The loop
 ends :class:`Finished` or :class:`Stopped` with a :class:`~services.worker.context.StopReason`;
 the tile run commits or settles what that means.
 """
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 import kernel
 from kernel.rect import Rect
 from services.worker.checkpoints import Checkpoints
-from services.worker.context import StopReason, TileContext
+from services.worker.context import StopReason, TileContext, control_stop
 from services.worker.scenes import KernelFailure
 from shared.core.config import WorkerSettings
 from shared.core.errors import RetryableError
@@ -53,6 +55,7 @@ class Render:
 
     def __init__(self, ctx: TileContext, job: Job, tile: Tile, beat: Heartbeat, log: Log) -> None:
         self.ctx, self.job, self.tile, self.beat, self.log = ctx, job, tile, beat, log
+        self._last_read = 0.0  # when the job's row was last read (monotonic)
 
     async def run(self, acc: Accumulator, cp: Checkpoints) -> Finished | Stopped:
         """Render from ``cp.resumed_from`` to the job's spp into ``acc``, checkpointing."""
@@ -60,9 +63,13 @@ class Render:
         prepared = await self.ctx.scenes.get(job, self.ctx.kernels.executor)
         rect: Rect = self.tile.rect
         samples, size = cp.resumed_from, tuning.samples_per_pass
-        last_checkpoint = time.monotonic()
+        last_checkpoint = self._last_read = time.monotonic()
         while samples < job.spp:
             if why := self._stop_reason():
+                return Stopped(why, samples)
+            # An event says the job was paused or failed: its row decides, now.
+            changed = self.ctx.stop.changed_since(job.job_id, self._last_read)
+            if changed and (why := await self._job_stop()):
                 return Stopped(why, samples)
             end = min(job.spp, samples + size)
             started = time.monotonic()
@@ -71,15 +78,20 @@ class Render:
             samples = end
             due = time.monotonic() - last_checkpoint >= tuning.checkpoint_interval
             if due and samples < job.spp:
-                # The cancel event may have been missed (a reconnect): ask the source of truth.
-                if await self.ctx.db.is_cancel_requested(job.job_id):
-                    return Stopped(StopReason.CANCELLED, samples)
+                # An event may have been missed (a reconnect): ask the source of truth.
+                if why := await self._job_stop():
+                    return Stopped(why, samples)
                 if why := self._stop_reason():
                     return Stopped(why, samples)
                 if not await cp.write(acc, samples, beat.lease.token):
                     return Stopped(StopReason.FENCED, samples)
                 last_checkpoint = time.monotonic()
         return Finished(samples)
+
+    async def _job_stop(self) -> StopReason | None:
+        """One read of the job's row: cancelled, paused or ended (failed for good)?"""
+        self._last_read = time.monotonic()
+        return control_stop(await self.ctx.db.job_control(self.job.job_id))
 
     def _stop_reason(self) -> StopReason | None:
         if self.beat.lost.is_set():
