@@ -166,7 +166,7 @@ def _add_projects(sub: Sub) -> None:
     p.add_argument("--weight", type=argtypes.weight, required=True,
                    help="fair-share weight, a finite number > 0")  # fmt: skip
     p.add_argument("--max-in-flight", type=argtypes.max_in_flight, default=None, metavar="N",
-                   help="at most N of its tiles leased at once, or 'none' (the default)")  # fmt: skip
+                   help="cap on its leased tiles, or 'none' (the default)")  # fmt: skip
     p.add_argument("--actor", default=None,
                    help="who makes the change, for the audit (default: the NATS user)")  # fmt: skip
     _json(p)
