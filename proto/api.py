@@ -19,7 +19,7 @@ subject                   schema              fields (defaults)
 ``.pause/.resume``        JobRequest          job_id
 ``tessera.api.priority``  PriorityRequest     job_id, priority
 ``.project.set``          ProjectSetRequest   name, weight, max_in_flight (none), actor
-``.project.list``         ProjectListRequest  (no fields)
+``.project.list``         ProjectListRequest  limit (1000)
 ``.project.show``         ProjectShowRequest  name
 ``tessera.api.list``      ListRequest         state, limit (100), cursor
 ``.dlq.list``             DlqListRequest      job_id, limit (100), cursor
@@ -271,14 +271,17 @@ class ProjectSetRequest:
 
 @dataclass(frozen=True)
 class ProjectListRequest:
-    """``tessera.api.project.list``: every project (configured, or named by a live job or by
-    recent work)."""
+    """``tessera.api.project.list``: projects by name (configured, or named by a live job or
+    by recent work)."""
+
+    limit: Annotated[int, "at most this many projects (1..1000)"] = MAX_LIST_LIMIT
 
     @classmethod
     def from_body(cls, body: Body) -> Self:
         """Read and validate a parsed body."""
+        limit = check_range("limit", body.integer("limit", MAX_LIST_LIMIT), 1, MAX_LIST_LIMIT)
         body.done()
-        return cls()
+        return cls(limit)
 
 
 @dataclass(frozen=True)

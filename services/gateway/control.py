@@ -130,8 +130,8 @@ class ControlHandlers:
 
     async def project_list(self, data: bytes, headers: Headers) -> ProjectListReply:
         """``tessera.api.project.list``: every project with its tiles and share."""
-        decode_request(data, headers, ProjectListRequest)
-        rows = await self.rt.db.projects(window=self.window)
+        request = decode_request(data, headers, ProjectListRequest)
+        rows = await self.rt.db.projects(window=self.window, limit=request.limit)
         return ProjectListReply(
             projects=[project_view(r) for r in rows], window_seconds=self.window
         )

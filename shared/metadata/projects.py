@@ -40,7 +40,7 @@ tiles_now AS (
     SELECT j.project,
            count(*) FILTER (WHERE t.state = ANY($3::text[])) AS queued,
            count(*) FILTER (WHERE t.state = ANY($4::text[])) AS in_flight
-    FROM jobs j JOIN tiles t ON t.job_id = j.job_id
+    FROM jobs j LEFT JOIN tiles t ON t.job_id = j.job_id
     WHERE j.state <> ALL($2::text[])
     GROUP BY j.project
 ),
@@ -57,6 +57,7 @@ LEFT JOIN used u ON u.project = n.name
 LEFT JOIN tiles_now tn ON tn.project = n.name
 WHERE $5::text IS NULL OR n.name = $5
 ORDER BY n.name
+LIMIT $6
 """
 """Every project (or the one named ``$5``) with its settings, tiles and share over ``$1`` s."""
 
@@ -100,9 +101,12 @@ async def upsert(
     return Project.from_record(row)
 
 
-async def project_views(conn: Conn, *, window: float, name: str | None = None) -> list[ProjectView]:
-    """Every known project (or only ``name``: NotFoundError if no job or row names it)."""
-    rows = await conn.fetch(USAGE_SQL, window, _TERMINAL, _QUEUED, _IN_FLIGHT, name)
+async def project_views(
+    conn: Conn, *, window: float, name: str | None = None, limit: int = 1000
+) -> list[ProjectView]:
+    """Known projects by name, at most ``limit`` (or only ``name``: NotFoundError if no
+    settings, live job or recent work names it)."""
+    rows = await conn.fetch(USAGE_SQL, window, _TERMINAL, _QUEUED, _IN_FLIGHT, name, limit)
     if name is not None and not rows:
         raise NotFoundError(f"project {name} does not exist (no settings and no jobs)")
     return [

@@ -230,11 +230,14 @@ class MetadataStore(StoreBase):
             ),
         )
 
-    async def projects(self, *, window: float, name: str | None = None) -> list[ProjectView]:
-        """Every project (settings, queued/in-flight tiles, core-second share over ``window``
-        seconds), or only ``name`` (NotFoundError if unknown)."""
+    async def projects(
+        self, *, window: float, name: str | None = None, limit: int = 1000
+    ) -> list[ProjectView]:
+        """Projects by name, at most ``limit`` (settings, queued/in-flight tiles, core-second
+        share over ``window`` seconds), or only ``name`` (NotFoundError if unknown)."""
         return await self._read(
-            "projects", lambda c: projects.project_views(c, window=window, name=name)
+            "projects",
+            lambda c: projects.project_views(c, window=window, name=name, limit=limit),
         )
 
     async def claim_resumed_tiles(self, job_id: str) -> list[Tile]:
