@@ -21,7 +21,6 @@ POINTS = frozenset(
     {
         "sweeper.after_snapshot",  # stale tiles read, no broker check made yet
         "sweeper.before_claim",  # broker checks made, the re-check-and-claim not yet run
-        "worker.before_commit",  # a tile's result written, its fenced commit not yet run
         "gateway.received",  # a request read by the gateway's callback, nothing decided yet
     }
 )

@@ -131,6 +131,14 @@ async def unrelease_tile(
         await audit.end_attempt(conn, who.attempt_id, AttemptOutcome.PAUSED)
         return True  # already unreleased
     target = transition_tile(state, TileTrigger.PAUSE)
+    if token is not None and row["lease_fence"] < token:
+        # Taken over from owners that stopped renewing (their rows stay open, like at a
+        # fence takeover, for an owner that wakes up to record its own outcome).
+        abandoned = await audit.open_attempts(conn, job_id, tile_index, below=token)
+        if abandoned:
+            names = ", ".join(f"{a} on {node}" for a, node in abandoned)
+            error = f"handed back for the pause; attempt {names} stopped renewing its lease"
+            who = Who(who.node, who.attempt_id, audit.ABANDONED, error)
     await conn.execute(
         """
         UPDATE tiles SET state = $3, published_at = NULL, updated_at = now()

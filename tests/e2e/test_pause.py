@@ -43,16 +43,18 @@ async def leases_of(nc: NATS, settings: Settings, job_id: str, tiles: int) -> li
 
 
 async def wait_paused(
-    db: MetadataStore, nc: NATS, settings: Settings, job_id: str, tiles: int
+    db: MetadataStore, nc: NATS, settings: Settings, job_id: str, tiles: int, dead: str = ""
 ) -> dict[int, int]:
-    """Until no tile of the paused job is held (rows, attempts, leases); samples per tile."""
+    """Until no tile of the paused job is held (rows, attempts, leases); samples per tile.
+
+    Attempts of the ``dead`` node (SIGKILLed) stay open, as after any takeover."""
 
     async def quiet() -> bool:
         held = [
             t for t in await db.list_tiles(job_id) if t.state.value in ("leased", "progressing")
         ]
         attempts = await db.attempts(job_id)
-        open_ = [a for a in attempts if a.ended_at is None]
+        open_ = [a for a in attempts if a.ended_at is None and a.node != dead]
         return not held and not open_ and not await leases_of(nc, settings, job_id, tiles)
 
     await eventually(quiet, timeout=60, what="every tile of the paused job handed back")
@@ -142,3 +144,70 @@ async def test_a_tiles_message_of_a_paused_job_is_handed_back_and_never_lost(
     await client.resume(job_id)
     final = await settle(client, job_id, services, timeout=120)
     assert await result_bytes(objects, final) == reference_png(body)
+
+
+async def test_a_worker_killed_while_its_tile_pauses_loses_nothing(
+    services: ServiceProcesses,
+    client: TesseraClient,
+    objects: ObjectStore,
+    db: MetadataStore,
+    nc: NATS,
+    e2e_settings: Settings,
+) -> None:
+    # worker-1 dies right after its pause checkpoint, before handing the tile back: the tile is
+    # left leased by a dead owner. worker-2 gets the message again (ack_wait), takes the
+    # expired lease, hands the tile back unreleased; resumed, it continues from that checkpoint.
+    services.start_all(workers=0)
+    one = services.start("worker", name="worker-1",
+                         env={"TESSERA_CRASH_AT": "worker.after_pause_checkpoint"})  # fmt: skip
+    body = request(width=16, height=16, tile_size=16, spp=3000)  # one tile
+    job_id = (await submit(client, body))["job_id"]
+    await eventually(lambda: rendering(db, job_id), timeout=90, what="the tile in flight")
+    await client.pause(job_id)
+    await eventually(lambda: not one.alive(), timeout=60, what="worker-1 killed at its point")
+    checkpointed = (await db.get_tile(job_id, 0)).samples_done  # type: ignore[union-attr]
+    assert checkpointed > 0
+    services.start("worker", name="worker-2")
+    samples = await wait_paused(db, nc, e2e_settings, job_id, 1, dead="worker-1")
+    assert samples[0] == checkpointed, "the pause checkpoint survived the kill"
+    handed = [e for e in await db.job_events(job_id) if e.trigger == "pause" and e.tile_index == 0]
+    assert handed and handed[-1].error_code == "lease_expired" and handed[-1].node == "worker-2"
+    tile = await db.get_tile(job_id, 0)
+    assert tile is not None and tile.state.value == "queued" and tile.published_at is None
+    before = {a.attempt_id for a in await db.attempts(job_id)}
+    await client.resume(job_id)
+    final = await settle(client, job_id, services, timeout=180)
+    assert await result_bytes(objects, final) == reference_png(body)
+    resumed = [a for a in await db.attempts(job_id) if a.attempt_id not in before]
+    assert resumed and resumed[0].resumed_from == checkpointed
+
+
+async def test_a_pause_landing_on_a_commit_keeps_the_commit_and_the_pause(
+    services: ServiceProcesses,
+    client: TesseraClient,
+    objects: ObjectStore,
+    db: MetadataStore,
+    nc: NATS,
+    e2e_settings: Settings,
+) -> None:
+    # worker-1 is stopped dead between its fenced commit and the tile-done event; the pause
+    # comes exactly then. The commit stands, the job stays paused, its other tiles hand back.
+    services.start_all(workers=0)
+    one = services.start("worker", name="worker-1",
+                         env={"TESSERA_CRASH_AT": "worker.after_commit"})  # fmt: skip
+    body = request(width=32, height=32, tile_size=16, spp=400)
+    job_id = (await submit(client, body))["job_id"]
+    await eventually(lambda: not one.alive(), timeout=90, what="worker-1 killed after a commit")
+    await client.pause(job_id)
+    services.start("worker", name="worker-2")
+    samples = await wait_paused(db, nc, e2e_settings, job_id, 4, dead="worker-1")
+    tiles = await db.list_tiles(job_id)
+    assert sum(t.state.value == "done" for t in tiles) >= 1, "the commit landed"
+    assert (await client.status(job_id))["state"] == "paused"
+    assert all(t.state.value in ("done", "queued") for t in tiles)
+    assert all(t.published_at is None for t in tiles if t.state.value == "queued")
+    await client.resume(job_id)
+    final = await settle(client, job_id, services, timeout=180)
+    assert final["state"] == "completed"
+    assert await result_bytes(objects, final) == reference_png(body)
+    assert samples  # every tile accounted for
