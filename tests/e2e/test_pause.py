@@ -100,11 +100,11 @@ async def test_pause_resume_complete_is_bit_identical_and_resumes_each_checkpoin
     assert await result_bytes(objects, final) == reference_png(body), "bit-identical"
     after = [a for a in await db.attempts(job_id) if a.attempt_id not in ended_before]
     for attempt in stopped:
-        index = attempt.tile_index
-        resumed = [a for a in after if a.tile_index == index]
-        assert resumed, f"tile {index} rendered again after the resume"
-        assert resumed[0].resumed_from == samples[index or 0] > 0, (
-            f"tile {index} resumed from {resumed[0].resumed_from}, paused at {samples[index or 0]}"
+        at = attempt.tile_index or 0
+        resumed = [a for a in after if a.tile_index == at]
+        assert resumed, f"tile {at} rendered again after the resume"
+        assert resumed[0].resumed_from == samples[at] > 0, (
+            f"tile {at} resumed from {resumed[0].resumed_from}, paused at {samples[at]}"
         )
     trail = [(e.from_state, e.to_state, e.trigger) for e in await db.job_events(job_id)
              if e.entity == "job"]  # fmt: skip
