@@ -13,8 +13,14 @@ subject                   schema              fields (defaults)
 ========================  ==================  ==============================================
 ``tessera.api.submit``    SubmitRequest       project, scene, width, height, spp, frame (0),
                                               tile_size (64), max_depth (64), seed (0),
-                                              idempotency_key (derived), renderer (tessera)
+                                              idempotency_key (derived), renderer (tessera),
+                                              priority (50), deadline (none)
 ``.status/.cancel/.retry``  JobRequest        job_id
+``.pause/.resume``        JobRequest          job_id
+``tessera.api.priority``  PriorityRequest     job_id, priority
+``.project.set``          ProjectSetRequest   name, weight, max_in_flight (none), actor
+``.project.list``         ProjectListRequest  limit (1000)
+``.project.show``         ProjectShowRequest  name
 ``tessera.api.list``      ListRequest         state, limit (100), cursor
 ``.dlq.list``             DlqListRequest      job_id, limit (100), cursor
 ``.dlq.show``             DlqShowRequest      seq (DLQ stream sequence)
@@ -27,9 +33,11 @@ subject                   schema              fields (defaults)
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal, Self, TypeVar
 
 import msgpack
@@ -40,6 +48,7 @@ from proto.limits import (
     CURSOR_RE,
     DEFAULT_BOUNCES,
     DEFAULT_LIST_LIMIT,
+    DEFAULT_PRIORITY,
     DEFAULT_REQUEUE_RATE,
     DEFAULT_TILE_SIZE,
     IDEMPOTENCY_KEY_RE,
@@ -47,6 +56,7 @@ from proto.limits import (
     MAX_DIMENSION,
     MAX_FRAME,
     MAX_LIST_LIMIT,
+    MAX_PRIORITY,
     MAX_REQUEST_BYTES,
     MAX_REQUEUE_LIMIT,
     MAX_REQUEUE_RATE,
@@ -82,6 +92,30 @@ def _limit(body: Body, hi: int = MAX_LIST_LIMIT) -> int:
     return check_range("limit", body.integer("limit", min(DEFAULT_LIST_LIMIT, hi)), 1, hi)
 
 
+def parse_deadline(raw: str, *, now: datetime | None = None) -> datetime:
+    """An ISO 8601 time with a UTC offset, in the future: as an aware UTC datetime.
+
+    ValidationError for an unparsable time, one without an offset (ambiguous) or one that has
+    passed (``now``, default the current time).
+    """
+    try:
+        at = datetime.fromisoformat(raw)
+    except ValueError:
+        raise ValidationError(
+            f"deadline: {raw!r:.60} is not an ISO 8601 time (e.g. 2026-12-01T19:00:00Z)"
+        ) from None
+    if at.tzinfo is None or at.utcoffset() is None:
+        raise ValidationError(f"deadline: {raw!r:.60} has no UTC offset (add Z or +HH:MM)")
+    at = at.astimezone(UTC)
+    if at <= (now or datetime.now(UTC)):
+        raise ValidationError(f"deadline: {at.isoformat()} is in the past")
+    return at
+
+
+def _priority(value: int) -> int:
+    return check_range("priority", value, 0, MAX_PRIORITY)
+
+
 def _cursor(body: Body) -> str | None:
     value = body.string("cursor", None)
     return None if value is None else check_str("cursor", value, CURSOR_RE, 256)
@@ -111,6 +145,14 @@ class SubmitRequest:
         'is a reference {"asset": <manifest sha256>, "main": <relative path>} to an uploaded '
         "asset)",
     ] = RENDERER_TESSERA
+    priority: Annotated[
+        int, "0..100, higher is released first (not part of the idempotency key)"
+    ] = DEFAULT_PRIORITY
+    deadline: Annotated[
+        str | None,
+        "ISO 8601 time with a UTC offset, in the future: the job fails ``deadline_exceeded`` "
+        "if not completed by then (default none; not part of the idempotency key)",
+    ] = None
 
     def __post_init__(self) -> None:
         check_str("project", self.project, PROJECT_RE, 64)
@@ -131,6 +173,13 @@ class SubmitRequest:
         check_range("seed", self.seed, 0, MAX_SEED)
         if self.idempotency_key is not None:
             check_str("idempotency_key", self.idempotency_key, IDEMPOTENCY_KEY_RE, 128)
+        _priority(self.priority)
+        if self.deadline is not None:
+            parse_deadline(self.deadline)
+
+    def deadline_at(self) -> datetime | None:
+        """``deadline`` as an aware UTC datetime (None: no deadline)."""
+        return None if self.deadline is None else parse_deadline(self.deadline)
 
     @classmethod
     def from_body(cls, body: Body) -> Self:
@@ -141,8 +190,11 @@ class SubmitRequest:
         project, scene = body.string("project"), body.raw("scene")
         key = body.string("idempotency_key", None)
         renderer = body.string("renderer", RENDERER_TESSERA)
+        ints["priority"] = body.integer("priority", DEFAULT_PRIORITY)
+        deadline = body.string("deadline", None)
         body.done()
-        return cls(project=project, scene=scene, idempotency_key=key, renderer=renderer, **ints)
+        return cls(project=project, scene=scene, idempotency_key=key, renderer=renderer,
+                   deadline=deadline, **ints)  # fmt: skip
 
     def to_body(self) -> dict[str, Any]:
         """The JSON object a client sends (``renderer`` only if not ``tessera``, so a derived
@@ -220,7 +272,102 @@ class JobRequest:
         return cls(job_id)
 
 
-StatusRequest = CancelRequest = RetryRequest = JobRequest
+StatusRequest = CancelRequest = RetryRequest = PauseRequest = ResumeRequest = JobRequest
+
+
+@dataclass(frozen=True)
+class PriorityRequest:
+    """``tessera.api.priority``: change a queued, running, progressing or paused job's priority."""
+
+    job_id: Annotated[str, "the job's id"]
+    priority: Annotated[int, "the new priority, 0..100 (higher is released first)"]
+
+    def __post_init__(self) -> None:
+        _priority(self.priority)
+
+    @classmethod
+    def from_body(cls, body: Body) -> Self:
+        """Read and validate a parsed body."""
+        job_id, priority = _job_id(body), body.integer("priority")
+        body.done()
+        return cls(job_id, priority)
+
+
+MAX_WEIGHT = 1e6
+ACTOR_RE = PROJECT_RE
+
+
+def _weight(body: Body) -> float:
+    value = body.raw("weight")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise DecodeError(f"weight: expected a number, got {type(value).__name__}")
+    weight = float(value)
+    if not (math.isfinite(weight) and 0 < weight <= MAX_WEIGHT):
+        raise ValidationError(f"weight: {value!r:.40} must be a finite number > 0 and <= 1e6")
+    return weight
+
+
+@dataclass(frozen=True)
+class ProjectSetRequest:
+    """``tessera.api.project.set``: a project's fair-share weight and in-flight cap (upsert).
+
+    Audited in ``project_events`` with ``actor``: the client's ``--actor`` if given, else the
+    NATS user the request came from (the gateway's user when the server does not say).
+    """
+
+    name: Annotated[str, "project name (1..64 of [A-Za-z0-9._-])"]
+    weight: Annotated[float, "fair-share weight, a finite number > 0 (at most 1e6)"]
+    max_in_flight: Annotated[
+        int | None, "at most this many of its tiles leased at once (>= 1; null: no cap)"
+    ] = None
+    actor: Annotated[str | None, "who makes the change, for the audit (default: the sender)"] = None
+
+    def __post_init__(self) -> None:
+        check_str("name", self.name, PROJECT_RE, 64)
+        if not (math.isfinite(self.weight) and 0 < self.weight <= MAX_WEIGHT):
+            raise ValidationError(f"weight: {self.weight!r} must be a finite number > 0")
+        if self.max_in_flight is not None:
+            check_range("max_in_flight", self.max_in_flight, 1, MAX_TILES * 1000)
+        if self.actor is not None:
+            check_str("actor", self.actor, ACTOR_RE, 128)
+
+    @classmethod
+    def from_body(cls, body: Body) -> Self:
+        """Read and validate a parsed body."""
+        name, weight = body.string("name"), _weight(body)
+        cap = body.integer("max_in_flight", None)
+        actor = body.string("actor", None)
+        body.done()
+        return cls(name, weight, cap, actor)
+
+
+@dataclass(frozen=True)
+class ProjectListRequest:
+    """``tessera.api.project.list``: projects by name (configured, or named by a live job or
+    by recent work)."""
+
+    limit: Annotated[int, "at most this many projects (1..1000)"] = MAX_LIST_LIMIT
+
+    @classmethod
+    def from_body(cls, body: Body) -> Self:
+        """Read and validate a parsed body."""
+        limit = check_range("limit", body.integer("limit", MAX_LIST_LIMIT), 1, MAX_LIST_LIMIT)
+        body.done()
+        return cls(limit)
+
+
+@dataclass(frozen=True)
+class ProjectShowRequest:
+    """``tessera.api.project.show``: one project."""
+
+    name: Annotated[str, "project name"]
+
+    @classmethod
+    def from_body(cls, body: Body) -> Self:
+        """Read and validate a parsed body."""
+        name = check_str("name", body.string("name"), PROJECT_RE, 64)
+        body.done()
+        return cls(name)
 
 
 @dataclass(frozen=True)
@@ -351,9 +498,11 @@ class ResultRequest:
 
 
 R = TypeVar("R", SubmitRequest, JobRequest, ListRequest, DlqListRequest, DlqShowRequest,
-            DlqRequeueRequest, DlqPurgeRequest, ResultRequest)  # fmt: skip
+            DlqRequeueRequest, DlqPurgeRequest, ResultRequest, PriorityRequest,
+            ProjectSetRequest, ProjectListRequest, ProjectShowRequest)  # fmt: skip
 REQUEST_SCHEMAS = (SubmitRequest, JobRequest, ListRequest, DlqListRequest, DlqShowRequest,
-                   DlqRequeueRequest, DlqPurgeRequest, ResultRequest)  # fmt: skip
+                   DlqRequeueRequest, DlqPurgeRequest, ResultRequest, PriorityRequest,
+                   ProjectSetRequest, ProjectListRequest, ProjectShowRequest)  # fmt: skip
 
 
 VERB_REQUESTS: dict[ApiVerb, type] = {
@@ -367,6 +516,12 @@ VERB_REQUESTS: dict[ApiVerb, type] = {
     ApiVerb.DLQ_SHOW: DlqShowRequest,
     ApiVerb.DLQ_REQUEUE: DlqRequeueRequest,
     ApiVerb.DLQ_PURGE: DlqPurgeRequest,
+    ApiVerb.PRIORITY: PriorityRequest,
+    ApiVerb.PAUSE: PauseRequest,
+    ApiVerb.RESUME: ResumeRequest,
+    ApiVerb.PROJECT_SET: ProjectSetRequest,
+    ApiVerb.PROJECT_LIST: ProjectListRequest,
+    ApiVerb.PROJECT_SHOW: ProjectShowRequest,
 }
 """The request schema of every verb."""
 

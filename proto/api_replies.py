@@ -34,15 +34,23 @@ subject                   schema              fields
 ``.dlq.requeue``          DlqRequeueReply     dry_run, requeued, skipped, examined,
                                               dead_letters, omitted
 ``.dlq.purge``            DlqPurgeReply       purged, matched, dry_run
+``tessera.api.priority``  PriorityReply       job_id, state, priority
+``tessera.api.pause``     PauseReply          job_id, state, tiles_unreleased
+``tessera.api.resume``    ResumeReply         job_id, state
+``.project.set``          ProjectSetReply     name, weight, max_in_flight, actor
+``.project.list``         ProjectListReply    projects, window_seconds
+``.project.show``         ProjectShowReply    project, window_seconds
 (items)                   JobSummary          job_id, project, state, frame, width, height,
                                               spp, generation, created_at, updated_at,
-                                              finished_at
+                                              finished_at, priority, deadline_at
 (items)                   DeadLetterView      seq, subject, time, malformed, job_id, unit,
                                               reason, error, source_stream, source_seq,
                                               deliveries, original_subject
 (items)                   DeadLetterDetail    (DeadLetterView's), payload_b64
 (items)                   RequeueView         seq, job_id, unit, reason, error, action, why,
                                               tile, generation, done
+(items)                   ProjectView         name, configured, weight, max_in_flight,
+                                              queued, in_flight, core_seconds, share
 ========================  ==================  ==============================================
 """
 
@@ -89,6 +97,10 @@ class JobSummary:
     created_at: Annotated[str, "when the job was submitted (timestamp)"]
     updated_at: Annotated[str, "last change of the job's row (timestamp)"]
     finished_at: Annotated[str | None, "when it reached a final state (timestamp); null before"]
+    priority: Annotated[int, "0..100, higher is released first"]
+    deadline_at: Annotated[
+        str | None, "when it fails ``deadline_exceeded`` if not completed (timestamp); null: none"
+    ]
 
 
 @dataclass(frozen=True)
@@ -136,6 +148,73 @@ class CancelReply:
     job_id: Annotated[str, "the job's id"]
     state: Annotated[str, f"the {_JOB_STATE} now (cancelled)"]
     cancel_requested: Annotated[bool, "always true"]
+
+
+@dataclass(frozen=True)
+class PriorityReply:
+    """``tessera.api.priority``: the job's new priority (audited in its trail)."""
+
+    job_id: Annotated[str, "the job's id"]
+    state: Annotated[str, f"the {_JOB_STATE} now"]
+    priority: Annotated[int, "the priority now"]
+
+
+@dataclass(frozen=True)
+class PauseReply:
+    """``tessera.api.pause``: the job is paused; its in-flight tiles checkpoint at their next
+    pass boundary and are handed back, nothing more of it is released."""
+
+    job_id: Annotated[str, "the job's id"]
+    state: Annotated[str, f"the {_JOB_STATE} now (paused)"]
+    tiles_unreleased: Annotated[int, "idle tiles taken back from the queue by this request"]
+
+
+@dataclass(frozen=True)
+class ResumeReply:
+    """``tessera.api.resume``: the job runs again; every tile continues from its checkpoint."""
+
+    job_id: Annotated[str, "the job's id"]
+    state: Annotated[str, f"the {_JOB_STATE} now (running)"]
+
+
+@dataclass(frozen=True)
+class ProjectView:
+    """One project in ``project.list`` / ``project.show``."""
+
+    name: Annotated[str, "project name"]
+    configured: Annotated[bool, "false: no settings stored (weight 1, no cap apply)"]
+    weight: Annotated[float, "fair-share weight"]
+    max_in_flight: Annotated[int | None, "cap on its leased tiles; null: none"]
+    queued: Annotated[int, "its live jobs' tiles waiting (queued or failed_retryable)"]
+    in_flight: Annotated[int, "its tiles being rendered (leased or progressing)"]
+    core_seconds: Annotated[float, "kernel core-seconds its tiles used within the window"]
+    share: Annotated[float, "core_seconds over every project's (0..1; 0 when nothing ran)"]
+
+
+@dataclass(frozen=True)
+class ProjectSetReply:
+    """``tessera.api.project.set``: the project's settings now (audited with ``actor``)."""
+
+    name: Annotated[str, "project name"]
+    weight: Annotated[float, "fair-share weight now"]
+    max_in_flight: Annotated[int | None, "cap on its leased tiles now; null: none"]
+    actor: Annotated[str, "who the audit row names"]
+
+
+@dataclass(frozen=True)
+class ProjectListReply:
+    """``tessera.api.project.list``: every project, by name."""
+
+    projects: Annotated[list[ProjectView], "the projects, by name"]
+    window_seconds: Annotated[float, "the share window (``TESSERA_SHARE_WINDOW``), seconds"]
+
+
+@dataclass(frozen=True)
+class ProjectShowReply:
+    """``tessera.api.project.show``: one project."""
+
+    project: Annotated[ProjectView, "the project"]
+    window_seconds: Annotated[float, "the share window (``TESSERA_SHARE_WINDOW``), seconds"]
 
 
 @dataclass(frozen=True)
@@ -264,17 +343,26 @@ VERB_REPLIES: dict[ApiVerb, type] = {
     ApiVerb.DLQ_SHOW: DlqShowReply,
     ApiVerb.DLQ_REQUEUE: DlqRequeueReply,
     ApiVerb.DLQ_PURGE: DlqPurgeReply,
+    ApiVerb.PRIORITY: PriorityReply,
+    ApiVerb.PAUSE: PauseReply,
+    ApiVerb.RESUME: ResumeReply,
+    ApiVerb.PROJECT_SET: ProjectSetReply,
+    ApiVerb.PROJECT_LIST: ProjectListReply,
+    ApiVerb.PROJECT_SHOW: ProjectShowReply,
 }
 """The reply schema of every verb."""
 
-ITEM_SCHEMAS: tuple[type, ...] = (JobSummary, DeadLetterView, DeadLetterDetail, RequeueView)
+ITEM_SCHEMAS: tuple[type, ...] = (
+    JobSummary, DeadLetterView, DeadLetterDetail, RequeueView, ProjectView
+)  # fmt: skip
 """Schemas that appear inside replies (list items)."""
 
 REPLY_SCHEMAS: tuple[type, ...] = (*VERB_REPLIES.values(), *ITEM_SCHEMAS)
 
 Reply = (
     SubmitReply | StatusReply | ListReply | CancelReply | RetryReply | ResultReply
-    | DlqListReply | DlqShowReply | DlqRequeueReply | DlqPurgeReply
+    | DlqListReply | DlqShowReply | DlqRequeueReply | DlqPurgeReply | PriorityReply
+    | PauseReply | ResumeReply | ProjectSetReply | ProjectListReply | ProjectShowReply
 )  # fmt: skip
 
 

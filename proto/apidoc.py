@@ -104,7 +104,8 @@ def json_type(tp: Any) -> str:
         if tp is JobState:
             return "string (job state)"
         return "string: " + " or ".join(f"`{m.value}`" for m in tp)
-    names = {str: "string", int: "integer", bool: "boolean", bytes: "binary", type(None): "null"}
+    names = {str: "string", int: "integer", float: "number", bool: "boolean", bytes: "binary",
+             type(None): "null"}  # fmt: skip
     if tp in names:
         return names[tp]
     if tp is Any:

@@ -9,7 +9,8 @@ collide with a derived one.
 
 The **fingerprint** is the hash of the whole normalised request (defaults applied), stored next
 to the key: the same key arriving with a different fingerprint is a ``conflict``, never a silent
-reuse. With a derived key the two always agree.
+reuse. With a derived key the two always agree. ``priority`` and ``deadline`` are in neither
+(:data:`SCHEDULING_FIELDS`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ from proto.limits import Scene
 from proto.names import RENDERER_TESSERA
 
 KEY_VERSION = 1
+SCHEDULING_FIELDS = ("priority", "deadline")
+"""Submit fields that say when to render, not what: neither in the key nor in the fingerprint
+(a repeat with another priority or deadline returns the job as it is; ``tessera priority``
+changes it)."""
 
 
 def scene_hash(scene: Scene) -> str:
@@ -62,6 +67,7 @@ def idempotency_key(request: SubmitRequest) -> str:
 def request_fingerprint(request: SubmitRequest) -> str:
     """Hash of the whole normalised request body (the key itself excluded)."""
     body = request.to_body()
-    body.pop("idempotency_key", None)
+    for scheduling in ("idempotency_key", *SCHEDULING_FIELDS):
+        body.pop(scheduling, None)
     body["scene"] = scene_hash(request.scene)
     return canonical_hash({"kind": "tessera.fingerprint", "v": KEY_VERSION, "body": body})

@@ -98,6 +98,8 @@ class EventKind(StrEnum):
     JOB_COMPLETED = "job-completed"
     JOB_FAILED = "job-failed"
     JOB_CANCELLED = "job-cancelled"
+    JOB_PAUSED = "job-paused"
+    JOB_RESUMED = "job-resumed"
     JOB_DEAD_LETTERED = "job-dead-lettered"
     JOB_RETRIED = "job-retried"
 
@@ -115,6 +117,12 @@ class ApiVerb(StrEnum):
     DLQ_SHOW = "dlq.show"
     DLQ_REQUEUE = "dlq.requeue"
     DLQ_PURGE = "dlq.purge"
+    PRIORITY = "priority"
+    PAUSE = "pause"
+    RESUME = "resume"
+    PROJECT_SET = "project.set"
+    PROJECT_LIST = "project.list"
+    PROJECT_SHOW = "project.show"
 
 
 RENDERER_TESSERA = "tessera"

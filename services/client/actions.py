@@ -8,11 +8,13 @@ notes on stderr.
 from __future__ import annotations
 
 import argparse
+import getpass
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -90,6 +92,8 @@ def submit_requests(args: argparse.Namespace, scene: Scene, tile: int) -> list[S
                 max_depth=args.max_depth,
                 seed=args.seed,
                 idempotency_key=f"{args.key}:{frame}" if args.key and many else args.key,
+                priority=getattr(args, "priority", 50),
+                deadline=getattr(args, "deadline", None),
             )
             for frame in frames
         ]
@@ -155,6 +159,84 @@ async def retry(session: Session, args: argparse.Namespace) -> int:
         _print_json(reply)
     else:
         print(f"{reply['job_id']}: queued again as generation {reply['generation']}")
+    return EXIT_OK
+
+
+async def pause(session: Session, args: argparse.Namespace) -> int:
+    """``tessera pause JOB``."""
+    reply = await session.client.pause(args.job)
+    if args.json:
+        _print_json(reply)
+    else:
+        print(f"{reply['job_id']}: paused ({reply['tiles_unreleased']} queued tiles held back; "
+              "in-flight tiles stop at their next pass)")  # fmt: skip
+    return EXIT_OK
+
+
+async def resume(session: Session, args: argparse.Namespace) -> int:
+    """``tessera resume JOB``."""
+    reply = await session.client.resume(args.job)
+    if args.json:
+        _print_json(reply)
+    else:
+        print(f"{reply['job_id']}: resumed (state {reply['state']})")
+    return EXIT_OK
+
+
+async def set_priority(session: Session, args: argparse.Namespace) -> int:
+    """``tessera priority JOB N``."""
+    reply = await session.client.set_priority(args.job, args.priority)
+    if args.json:
+        _print_json(reply)
+    else:
+        print(f"{reply['job_id']}: priority {reply['priority']} (state {reply['state']})")
+    return EXIT_OK
+
+
+def default_actor(session: Session) -> str:
+    """The audit's actor when ``--actor`` is not given: the NATS user of the URL, else the
+    login name."""
+    for url in session.settings.nats_urls:
+        user = urlsplit(url).username
+        if user:
+            return user
+    return getpass.getuser()
+
+
+async def project_set(session: Session, args: argparse.Namespace) -> int:
+    """``tessera project set NAME --weight W [--max-in-flight N|none] [--actor A]``."""
+    actor = args.actor or default_actor(session)
+    reply = await session.client.project_set(
+        args.name, weight=args.weight, max_in_flight=args.max_in_flight, actor=actor
+    )
+    if args.json:
+        _print_json(reply)
+    else:
+        cap = "none" if reply["max_in_flight"] is None else reply["max_in_flight"]
+        print(f"project {reply['name']}: weight {reply['weight']:g}, max in flight {cap} "
+              f"(by {reply['actor']})")  # fmt: skip
+    return EXIT_OK
+
+
+async def project_list(session: Session, args: argparse.Namespace) -> int:
+    """``tessera project list``."""
+    reply = await session.client.project_list()
+    if args.json:
+        _print_json(reply)
+    else:
+        print(output.projects_table(reply["projects"]))
+        print(f"share over the last {reply['window_seconds']:g} s", file=sys.stderr)
+    return EXIT_OK
+
+
+async def project_show(session: Session, args: argparse.Namespace) -> int:
+    """``tessera project show NAME``."""
+    reply = await session.client.project_show(args.name)
+    if args.json:
+        _print_json(reply)
+    else:
+        print(output.projects_table([reply["project"]]))
+        print(f"share over the last {reply['window_seconds']:g} s", file=sys.stderr)
     return EXIT_OK
 
 

@@ -144,6 +144,38 @@ class TesseraClient:
         """Re-queue a failed or dead-lettered job as a new generation."""
         return await self.call(ApiVerb.RETRY, {"job_id": job_id})
 
+    async def set_priority(self, job_id: str, priority: int) -> dict[str, Any]:
+        """Change a queued, running, progressing or paused job's priority (0..100)."""
+        return await self.call(ApiVerb.PRIORITY, {"job_id": job_id, "priority": priority})
+
+    async def pause(self, job_id: str) -> dict[str, Any]:
+        """Pause a job: its in-flight tiles checkpoint and are handed back, none released."""
+        return await self.call(ApiVerb.PAUSE, {"job_id": job_id})
+
+    async def resume(self, job_id: str) -> dict[str, Any]:
+        """Resume a paused job: every tile continues from its checkpoint."""
+        return await self.call(ApiVerb.RESUME, {"job_id": job_id})
+
+    async def project_set(
+        self,
+        name: str,
+        *,
+        weight: float,
+        max_in_flight: int | None = None,
+        actor: str | None = None,
+    ) -> dict[str, Any]:
+        """Set a project's fair-share weight and in-flight cap (None: no cap), audited."""
+        body = {"name": name, "weight": weight, "max_in_flight": max_in_flight, "actor": actor}
+        return await self.call(ApiVerb.PROJECT_SET, body)
+
+    async def project_list(self) -> dict[str, Any]:
+        """Every project: settings, queued/in-flight tiles, core-second share."""
+        return await self.call(ApiVerb.PROJECT_LIST, {})
+
+    async def project_show(self, name: str) -> dict[str, Any]:
+        """One project (``not_found`` if unknown)."""
+        return await self.call(ApiVerb.PROJECT_SHOW, {"name": name})
+
     async def result(
         self,
         job_id: str,

@@ -1,4 +1,5 @@
-"""Client commands of ``tessera``: submit, status, watch, get, list, cancel, retry, dlq.
+"""Client commands of ``tessera``: submit, status, watch, get, list, cancel, retry, priority,
+pause, resume, project, dlq.
 
 They read their settings from the environment (``Settings.from_env``: ``TESSERA_NATS_URL``,
 ``TESSERA_NAMESPACE`` ...; neither ``TESSERA_DATABASE_URL`` nor the object store: ``get``
@@ -31,7 +32,7 @@ from functools import partial
 from typing import TypeAlias
 
 from proto.limits import DEFAULT_BOUNCES
-from services.client import actions, recovery
+from services.client import actions, argtypes, recovery
 from services.client.api import DEFAULT_TIMEOUT
 from services.client.argtypes import positive_float
 from services.client.session import Session, run_command
@@ -96,6 +97,16 @@ def _add_submit(sub: Sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
     p.add_argument("--project", default="default", help="project name (default 'default')")
     p.add_argument("--key", default=None, help="idempotency key (KEY:FRAME for a range)")
+    p.add_argument("--priority", type=argtypes.priority, default=50,
+                   help="0..100, higher is released first (default 50)")  # fmt: skip
+    p.add_argument(
+        "--deadline",
+        type=argtypes.deadline,
+        default=None,
+        metavar="WHEN",
+        help="fail the job (deadline_exceeded) if not completed by then: 30s, 90m, 2h, 1d "
+        "from now, or an ISO 8601 time with a UTC offset",
+    )
     p.add_argument("--watch", action="store_true", help="then watch the jobs to the end")
     p.add_argument(
         "--interval", type=positive_float, default=2.0, help="watch poll interval, seconds"
@@ -134,10 +145,36 @@ def _add_jobs(sub: Sub) -> None:
     for name, action, text in (
         ("cancel", actions.cancel, "cancel a job"),
         ("retry", actions.retry, "re-queue a failed or dead-lettered job"),
+        ("pause", actions.pause, "pause a job: in-flight tiles checkpoint and are handed back"),
+        ("resume", actions.resume, "resume a paused job from its checkpoints"),
     ):
         p = _command(sub, name, action, text)
         p.add_argument("job", metavar="JOB", help="job id, as submit printed it")
         _json(p)
+    p = _command(sub, "priority", actions.set_priority, "change a job's priority (0..100)")
+    p.add_argument("job", metavar="JOB", help="job id, as submit printed it")
+    p.add_argument("priority", metavar="N", type=argtypes.priority, help="0..100")
+    _json(p)
+
+
+def _add_projects(sub: Sub) -> None:
+    project = sub.add_parser("project", help="fair-share weights and caps of projects",
+                             epilog=EPILOG)  # fmt: skip
+    verbs = project.add_subparsers(dest="project_command", required=True, metavar="VERB")
+    p = _command(verbs, "set", actions.project_set, "set a project's weight and in-flight cap")
+    p.add_argument("name", metavar="NAME", help="project name")
+    p.add_argument("--weight", type=argtypes.weight, required=True,
+                   help="fair-share weight, a finite number > 0")  # fmt: skip
+    p.add_argument("--max-in-flight", type=argtypes.max_in_flight, default=None, metavar="N",
+                   help="cap on its leased tiles, or 'none' (the default)")  # fmt: skip
+    p.add_argument("--actor", default=None,
+                   help="who makes the change, for the audit (default: the NATS user)")  # fmt: skip
+    _json(p)
+    p = _command(verbs, "list", actions.project_list, "list projects, their tiles and share")
+    _json(p)
+    p = _command(verbs, "show", actions.project_show, "show one project")
+    p.add_argument("name", metavar="NAME", help="project name")
+    _json(p)
 
 
 def _add_dlq(sub: Sub) -> None:
@@ -169,4 +206,5 @@ def register(sub: Sub) -> None:
     """Add the client commands to the ``tessera`` command."""
     _add_submit(sub)
     _add_jobs(sub)
+    _add_projects(sub)
     _add_dlq(sub)

@@ -13,6 +13,7 @@ __all__ = [
     "dead_letters_table",
     "jobs_table",
     "percent",
+    "projects_table",
     "status_text",
     "table_lines",
     "write_atomic",
@@ -35,6 +36,11 @@ def status_text(s: dict[str, Any]) -> str:
         ("tiles", percent(s["tiles_done"], s["tiles_total"])),
         ("samples", percent(s["samples_done"], s["samples_total"])),
     ]
+    rows.append(("priority", str(s.get("priority", 50))))
+    if s.get("deadline_at"):
+        rows.append(("deadline", s["deadline_at"]))
+    if s.get("state") == "paused":
+        rows.append(("paused", "yes: nothing is released; `tessera resume` continues it"))
     if s.get("cancel_requested"):
         rows.append(("cancel", "requested"))
     if s.get("result_location"):
@@ -67,15 +73,37 @@ def jobs_table(jobs: list[dict[str, Any]]) -> str:
     rows = [
         (
             j["job_id"],
+            j["project"],
             j["state"],
+            j.get("priority", ""),
             j["frame"],
             f"{j['width']}x{j['height']}",
             j["spp"],
             j["created_at"],
+            j.get("deadline_at") or "-",
         )
         for j in jobs
     ]
-    return _table(("JOB", "STATE", "FRAME", "SIZE", "SPP", "CREATED"), rows)
+    header = ("JOB", "PROJECT", "STATE", "PRI", "FRAME", "SIZE", "SPP", "CREATED", "DEADLINE")
+    return _table(header, rows)
+
+
+def projects_table(projects: list[dict[str, Any]]) -> str:
+    """``project list`` as a table (share in percent of the window's core-seconds)."""
+    rows = [
+        (
+            p["name"],
+            f"{p['weight']:g}" + ("" if p["configured"] else " (default)"),
+            "-" if p["max_in_flight"] is None else p["max_in_flight"],
+            p["queued"],
+            p["in_flight"],
+            f"{p['core_seconds']:.1f}",
+            f"{100 * p['share']:.1f}%",
+        )
+        for p in projects
+    ]
+    header = ("PROJECT", "WEIGHT", "MAX_IN_FLIGHT", "QUEUED", "IN_FLIGHT", "CORE_S", "SHARE")
+    return _table(header, rows)
 
 
 def dead_letters_table(letters: list[dict[str, Any]]) -> str:

@@ -33,6 +33,7 @@ from proto.api_replies import Reply, encode_reply
 from proto.limits import MAX_REPLY_BYTES
 from proto.names import ApiVerb
 from proto.replies import ErrorCode, error_reply, reply_for_exception
+from services.gateway.control import ControlHandlers
 from services.gateway.dlq import DlqHandlers
 from services.gateway.handlers import Handlers
 from services.gateway.intake import Intake, Lane
@@ -76,6 +77,7 @@ class Gateway:
         self.dlq = DlqHandlers(rt.js, rt.names, rt.log, requeuer=Requeuer(rt), reply_budget=budget)
         ttl = rt.settings.gateway.result_url_ttl
         self.results = ResultHandlers(rt.db, rt.store, reply_budget=budget, url_ttl=ttl)
+        self.control = ControlHandlers(rt)
         self.routes: dict[str, Handler] = {
             rt.names.api_subject(verb): handler for verb, handler in self._verbs().items()
         }
@@ -85,7 +87,7 @@ class Gateway:
         self.small_nc: NATS | None = None
 
     def _verbs(self) -> dict[ApiVerb, Handler]:
-        h, d = self.handlers, self.dlq
+        h, d, c = self.handlers, self.dlq, self.control
         return {
             ApiVerb.SUBMIT: h.submit,
             ApiVerb.STATUS: h.status,
@@ -97,6 +99,12 @@ class Gateway:
             ApiVerb.DLQ_SHOW: d.show,
             ApiVerb.DLQ_REQUEUE: d.requeue,
             ApiVerb.DLQ_PURGE: d.purge,
+            ApiVerb.PRIORITY: c.priority,
+            ApiVerb.PAUSE: c.pause,
+            ApiVerb.RESUME: c.resume,
+            ApiVerb.PROJECT_SET: c.project_set,
+            ApiVerb.PROJECT_LIST: c.project_list,
+            ApiVerb.PROJECT_SHOW: c.project_show,
         }
 
     async def start(self) -> None:

@@ -23,7 +23,12 @@ from nats.js import JetStreamContext
 
 from proto.api import JobRequest, ListRequest, SubmitRequest, decode_request
 from proto.api_replies import CancelReply, ListReply, RetryReply, StatusReply, SubmitReply
-from proto.idempotency import idempotency_key, request_fingerprint, scene_hash
+from proto.idempotency import (
+    SCHEDULING_FIELDS,
+    idempotency_key,
+    request_fingerprint,
+    scene_hash,
+)
 from proto.messages import JobEvent, JobMessage
 from proto.names import EventKind, Names, event_msg_id, job_msg_id, new_job_id
 from services.gateway.intake import Intake
@@ -46,7 +51,8 @@ Headers = Mapping[str, str] | None
 def new_job_for(request: SubmitRequest, scene: dict[str, Any], input_hash: str) -> NewJob:
     """The row a validated submission inserts (a fresh job id; the key decides if it is used)."""
     body = request.to_body()
-    body.pop("idempotency_key", None)
+    for field in ("idempotency_key", *SCHEDULING_FIELDS):
+        body.pop(field, None)
     body["scene"] = scene_hash(request.scene)
     return NewJob(
         job_id=new_job_id(),
@@ -62,6 +68,8 @@ def new_job_for(request: SubmitRequest, scene: dict[str, Any], input_hash: str) 
         spp=request.spp,
         tile_size=request.tile_size,
         renderer=request.renderer,
+        priority=request.priority,
+        deadline_at=request.deadline_at(),
     )
 
 

@@ -40,6 +40,8 @@ def job_summary(job: Job) -> JobSummary:
         created_at=iso(job.created_at),
         updated_at=iso(job.updated_at),
         finished_at=iso(job.finished_at),
+        priority=job.priority,
+        deadline_at=iso(job.deadline_at),
     )
 
 

@@ -7,6 +7,7 @@ import sys
 
 from proto import names as n
 from services.scheduler.collector import StreamCollector
+from services.scheduler.deadlines import Deadlines
 from services.scheduler.exhausted import Exhausted
 from services.scheduler.planner import Planner
 from services.scheduler.sweeper import Sweeper
@@ -15,7 +16,8 @@ from shared.service.runtime import Runtime, service_main
 
 
 async def run(rt: Runtime, stop: asyncio.Event) -> None:
-    """Plan jobs, dead-letter exhausted messages, sweep and collect stream metrics."""
+    """Plan jobs, dead-letter exhausted messages, sweep, fail overdue jobs and collect
+    metrics."""
     names, grace = rt.names, rt.settings.process.grace_period
     config = rt.settings.scheduler
     planner, exhausted, sweeper = Planner(rt), Exhausted(rt), Sweeper(rt)
@@ -41,6 +43,7 @@ async def run(rt: Runtime, stop: asyncio.Event) -> None:
             grace=grace,
         ),
         sweeper.run(stop),
+        Deadlines(rt).run(stop),
         StreamCollector(rt).run(stop),
     )
 

@@ -1,4 +1,6 @@
-"""The stream-metrics collector: queue depth and oldest-message age, every few seconds.
+"""The metrics collector: queue depth and oldest-message age, every few seconds, and per
+project its queued and in-flight tiles and core-second share (one query,
+:data:`shared.metadata.projects.USAGE_SQL`).
 
 It runs in the scheduler (one per deployment is enough; several schedulers export the same
 values, so dashboards take ``max`` over instances). Each round is :func:`read_stats` — two
@@ -30,7 +32,7 @@ class StreamCollector:
         self.log = rt.log.bind(component="stream-collector")
 
     async def collect_once(self) -> None:
-        """One round: read every stream and consumer, set the gauges."""
+        """One round: read every stream and consumer and the projects, set the gauges."""
         stats = await read_stats(self.rt.js, self.rt.topology)
         m = self.rt.metrics
         for stream, count in stats.messages.items():
@@ -40,6 +42,11 @@ class StreamCollector:
             m.consumer_pending.labels(**labels).set(c.pending)
             m.consumer_ack_pending.labels(**labels).set(c.ack_pending)
             m.consumer_oldest_age.labels(**labels).set(c.oldest_age)
+        window = self.rt.settings.scheduler.share_window
+        for p in await self.rt.db.projects(window=window):
+            m.project_queued.labels(project=p.name).set(p.queued)
+            m.project_in_flight.labels(project=p.name).set(p.in_flight)
+            m.project_share.labels(project=p.name).set(p.share)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Collect every ``interval`` until ``stop`` (only when metrics are served)."""

@@ -48,6 +48,8 @@ class Checkpoints:
         self.pointer_key = n.progress_key(job.job_id, tile.tile_index)
         #: samples per pixel the attempt resumes from (0: from the start)
         self.resumed_from = 0
+        #: samples per pixel of the latest checkpoint (the resume, or our last write)
+        self.latest = 0
         self._revision: int | None = None  # the pointer's, the CAS base of our next write
         self._checkpoint: str | None = None  # the latest checkpoint's key
 
@@ -64,7 +66,7 @@ class Checkpoints:
             return from_npy(await self.ctx.store.get(self._checkpoint), self.rect)
         except (NotFoundError, DecodeError, CorruptObject) as exc:
             self.log.warning("checkpoint unusable; starting over", error=str(exc))
-            self.resumed_from, self._checkpoint = 0, None
+            self.resumed_from, self._checkpoint, self.latest = 0, None, 0
             return zeros_for(self.rect)
 
     async def _read_pointer(self) -> None:
@@ -84,6 +86,7 @@ class Checkpoints:
             self.log.info("discarding a checkpoint off the pass plan", samples=pointer.samples_done)
             return
         self.resumed_from, self._checkpoint = pointer.samples_done, pointer.checkpoint_key
+        self.latest = pointer.samples_done
 
     async def write(self, acc: Accumulator, samples: int, token: int) -> bool:
         """Object, then pointer, then the fenced row; False if the fence was lost."""
@@ -100,7 +103,7 @@ class Checkpoints:
             current = await ctx.progress.get(self.pointer_key)
             last = None if current is None else current[1]
             self._revision = await ctx.progress.put(self.pointer_key, pointer, last=last)
-        previous, self._checkpoint = self._checkpoint, key
+        previous, self._checkpoint, self.latest = self._checkpoint, key, samples
         if previous is not None:  # only now that the pointer names the new one
             await ctx.store.delete(previous)
         if not await ctx.db.record_progress(

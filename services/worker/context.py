@@ -10,6 +10,7 @@ from in-memory doubles.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import OrderedDict
 from collections.abc import Container, Mapping
 from dataclasses import dataclass
@@ -22,9 +23,9 @@ from services.worker.renderers import Renderer
 from services.worker.scenes import SceneCache
 from shared.core.config import LeaseSettings, WorkerSettings
 from shared.core.errors import TerminalError
-from shared.core.lifecycle import JobTrigger, TileTrigger, is_terminal
+from shared.core.lifecycle import JobState, JobTrigger, TileTrigger, is_terminal
 from shared.core.retry import RetryPolicy
-from shared.metadata import AttemptOutcome, CommitOutcome, Job, Tile, TileCommit
+from shared.metadata import AttemptOutcome, CommitOutcome, Job, JobControl, Tile, TileCommit
 from shared.nats.jetstream import publish
 from shared.nats.leases import Lease, LeaseOwner, ProgressPointer
 from shared.objectstore import ObjectStore
@@ -43,6 +44,7 @@ __all__ = [
     "TileContext",
     "TileEvents",
     "TileStore",
+    "control_stop",
 ]
 
 
@@ -55,6 +57,18 @@ class TileStore(Protocol):
     async def get_tile(self, job_id: str, tile_index: int) -> Tile | None: ...
 
     async def is_cancel_requested(self, job_id: str) -> bool: ...
+
+    async def job_control(self, job_id: str) -> JobControl: ...
+
+    async def unrelease_tile(
+        self,
+        job_id: str,
+        tile_index: int,
+        *,
+        token: int | None,
+        attempt_id: str | None = None,
+        node: str = "",
+    ) -> bool: ...
 
     async def fence_tile(
         self,
@@ -135,6 +149,19 @@ class StopReason(StrEnum):
     HANDED_BACK = "handed_back"  # the worker drains: checkpoint, release, nak at once
     LEASE_LOST = "lease_lost"  # the heartbeat lost the lease: settle nothing
     FENCED = "fenced"  # a fenced write was refused (a newer owner): settle nothing
+    PAUSED = "paused"  # the job was paused: checkpoint now, hand the tile back unreleased, ack
+    ENDED = "ended"  # the job failed for good (e.g. deadline_exceeded): tile failed, ack
+
+
+def control_stop(control: JobControl) -> StopReason | None:
+    """What the job's row (one read between passes) says a tile of it should do."""
+    if control.cancel_requested or control.state is JobState.CANCELLED:
+        return StopReason.CANCELLED
+    if control.state is JobState.PAUSED:
+        return StopReason.PAUSED
+    if is_terminal(control.state) and control.state is not JobState.COMPLETED:
+        return StopReason.ENDED
+    return None
 
 
 @dataclass(frozen=True)
@@ -144,6 +171,10 @@ class StopView:
     handing_back: asyncio.Event
     #: ids of jobs announced cancelled
     cancelled: Container[str]
+    #: job id -> when (monotonic) an event said its state changed (paused, failed, dead-
+    #: lettered): a hint to read the job's row now rather than at the next checkpoint (the
+    #: row decides: a job paused and resumed since must not stop)
+    changed: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def reason(self, job_id: str) -> StopReason | None:
         """Why a tile of ``job_id`` should stop now, or ``None``."""
@@ -153,11 +184,16 @@ class StopView:
             return StopReason.CANCELLED
         return None
 
+    def changed_since(self, job_id: str, since: float) -> bool:
+        """True if an event about ``job_id`` arrived after ``since`` (monotonic seconds)."""
+        at = self.changed.get(job_id)
+        return at is not None and at > since
+
 
 class JobCache:
     """Job rows, cached: what tiles need of them (scene, settings, input hash) never changes.
 
-    A cached row's state may be stale; the fence checks the live state. A terminal or
+    A cached row's state may be stale; the fence checks the live state. A terminal, paused or
     cancel-requested row is read again. At most ``size`` rows, least recently used dropped.
     """
 
@@ -168,7 +204,7 @@ class JobCache:
     async def get(self, job_id: str) -> Job | None:
         """The job row, or ``None`` for an unknown job."""
         job = self._jobs.get(job_id)
-        if job is None or is_terminal(job.state) or job.cancel_requested:
+        if job is None or is_terminal(job.state) or job.cancel_requested or _paused(job):
             job = await self.db.get_job(job_id)
             if job is None:
                 return None
@@ -177,6 +213,10 @@ class JobCache:
         while len(self._jobs) > self.size:
             self._jobs.popitem(last=False)
         return job
+
+
+def _paused(job: Job) -> bool:
+    return job.state is JobState.PAUSED
 
 
 class TileEvents(Protocol):

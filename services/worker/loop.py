@@ -9,6 +9,7 @@ tiles in hand among them: a tile reaches only a worker that has its renderer.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
 
 from nats.aio.msg import Msg
@@ -25,7 +26,10 @@ from shared.service.consume import consume_many
 from shared.service.runtime import Runtime
 from shared.service.settle import Delivery
 
-__all__ = ["Worker"]
+__all__ = ["CHANGE_EVENTS", "Worker"]
+
+#: job events after which a worker's tiles of that job read the job's row at once
+CHANGE_EVENTS = (n.EventKind.JOB_PAUSED, n.EventKind.JOB_FAILED, n.EventKind.JOB_DEAD_LETTERED)
 
 
 class Worker:
@@ -54,6 +58,8 @@ class Worker:
         self.handing_back = asyncio.Event()
         #: jobs announced cancelled (job-cancelled events); bounded, oldest forgotten first
         self.cancelled: OrderedDict[str, None] = OrderedDict()
+        #: jobs announced paused, failed or dead-lettered: when (a hint to read their row)
+        self.changed: OrderedDict[str, float] = OrderedDict()
         self.jobs = JobCache(rt.db, config.job_cache)
         self.context = TileContext(
             db=rt.db,
@@ -64,7 +70,7 @@ class Worker:
             jobs=self.jobs,
             scenes=self.scenes,
             renderers=self.renderers,
-            stop=StopView(self.handing_back, self.cancelled),
+            stop=StopView(self.handing_back, self.cancelled, self.changed),
             metrics=rt.metrics,
             lease_config=rt.settings.leases,
             worker_config=config,
@@ -79,6 +85,10 @@ class Worker:
             self.rt.names.event_filter(n.EventKind.JOB_CANCELLED), cb=self._on_cancel
         )
         self.log.info("renderers", **{r.name: r.version for r in self.renderers.values()})
+        changes = [
+            await self.rt.nc.subscribe(self.rt.names.event_filter(kind), cb=self._on_change)
+            for kind in CHANGE_EVENTS
+        ]
         try:
             await consume_many(
                 self.rt.js,
@@ -93,6 +103,8 @@ class Worker:
             )
         finally:
             await cancels.unsubscribe()
+            for sub in changes:
+                await sub.unsubscribe()
             for renderer in self.renderers.values():
                 await renderer.close()
 
@@ -102,6 +114,14 @@ class Worker:
         self.cancelled[job_id] = None
         while len(self.cancelled) > self._cancel_memory:
             self.cancelled.popitem(last=False)
+
+    async def _on_change(self, msg: Msg) -> None:
+        # Only a hint: the tiles of the job read its row at their next pass boundary.
+        job_id = msg.subject.split(".")[-2]
+        self.changed[job_id] = time.monotonic()
+        self.changed.move_to_end(job_id)
+        while len(self.changed) > self._cancel_memory:
+            self.changed.popitem(last=False)
 
     async def handle(self, msg: Msg) -> None:
         """One delivery."""

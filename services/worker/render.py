@@ -4,8 +4,10 @@ The loop is renderer-agnostic: the job's :class:`~services.worker.renderers.Rend
 the scene and renders each pass; its pass plan fixes where passes end, or (``None``, the numba
 kernel) passes are sized from the measured rate (:func:`pass_size`).
 
-Between passes: lease still held? the worker draining? the job cancelled? Every
-``checkpoint_interval``, the cancel flag is asked of the store and a checkpoint written. The loop
+Between passes: lease still held? the worker draining? the job cancelled? an event saying the
+job was paused or failed (then its row is read at once)? Every ``checkpoint_interval`` the job's
+row is read (cancelled, paused or ended: :func:`~services.worker.context.control_stop`) and a
+checkpoint written. The loop
 ends :class:`Finished` or :class:`Stopped` with a :class:`~services.worker.context.StopReason`;
 the tile run commits or settles what that means.
 """
@@ -20,7 +22,7 @@ from typing import Any
 
 from kernel.rect import Rect
 from services.worker.checkpoints import Checkpoints
-from services.worker.context import StopReason, TileContext
+from services.worker.context import StopReason, TileContext, control_stop
 from services.worker.renderers import PassPlan, Renderer, check_plan
 from shared.core.config import WorkerSettings
 from shared.core.errors import RetryableError
@@ -67,6 +69,7 @@ class Render:
     ) -> None:
         self.ctx, self.job, self.tile, self.beat, self.log = ctx, job, tile, beat, log
         self.renderer = renderer
+        self._last_read = 0.0  # when the job's row was last read (monotonic)
 
     async def run(self, acc: Accumulator, cp: Checkpoints) -> Finished | Stopped:
         """Render from ``cp.resumed_from`` to the job's spp into ``acc``, checkpointing."""
@@ -77,9 +80,13 @@ class Render:
             plan = check_plan(plan, job.spp)
         rect: Rect = self.tile.rect
         samples, size = cp.resumed_from, tuning.samples_per_pass
-        last_checkpoint = time.monotonic()
+        last_checkpoint = self._last_read = time.monotonic()
         while samples < job.spp:
             if why := self._stop_reason():
+                return Stopped(why, samples)
+            # An event says the job was paused or failed: its row decides, now.
+            changed = self.ctx.stop.changed_since(job.job_id, self._last_read)
+            if changed and (why := await self._job_stop()):
                 return Stopped(why, samples)
             end = min(job.spp, samples + size) if plan is None else _next_end(plan, samples)
             started = time.monotonic()
@@ -89,15 +96,20 @@ class Render:
             samples = end
             due = time.monotonic() - last_checkpoint >= tuning.checkpoint_interval
             if due and samples < job.spp:
-                # The cancel event may have been missed (a reconnect): ask the source of truth.
-                if await self.ctx.db.is_cancel_requested(job.job_id):
-                    return Stopped(StopReason.CANCELLED, samples)
+                # An event may have been missed (a reconnect): ask the source of truth.
+                if why := await self._job_stop():
+                    return Stopped(why, samples)
                 if why := self._stop_reason():
                     return Stopped(why, samples)
                 if not await cp.write(acc, samples, beat.lease.token):
                     return Stopped(StopReason.FENCED, samples)
-                last_checkpoint = time.monotonic()
+                last_checkpoint = self._last_read = time.monotonic()
         return Finished(samples)
+
+    async def _job_stop(self) -> StopReason | None:
+        """One read of the job's row: cancelled, paused or ended (failed for good)?"""
+        self._last_read = time.monotonic()
+        return control_stop(await self.ctx.db.job_control(self.job.job_id))
 
     def _stop_reason(self) -> StopReason | None:
         if self.beat.lost.is_set():

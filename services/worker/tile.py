@@ -33,7 +33,7 @@ from services.worker.context import StopReason, TileContext
 from services.worker.render import Finished, Render, Stopped, pass_size
 from shared.core import crash
 from shared.core.errors import DecodeError, RetryableError, TerminalError, TesseraError
-from shared.core.lifecycle import IllegalTransition, TileState, TileTrigger, is_terminal
+from shared.core.lifecycle import IllegalTransition, JobState, TileState, TileTrigger, is_terminal
 from shared.core.tiles import Accumulator, to_npy
 from shared.metadata import AttemptOutcome, CommitOutcome, Job, Tile, TileCommit
 from shared.nats.leases import Lease, LeaseOwner
@@ -109,11 +109,17 @@ class TileRun:
         owner = LeaseOwner(node=self.ctx.node, attempt_id=self.attempt_id)
         lease = await self.ctx.leases.acquire(n.lease_key_tile(tm.job_id, tm.tile_index), owner)
         if lease is None:
+            if job.state is JobState.PAUSED:
+                # its live owner stops at its next pass and hands the tile back itself
+                self.log.info("paused job's tile held by its owner; dropping this copy")
+                return ACK
             self.log.info("lease held by another owner; backing off")
             return Retry(float(self.ctx.lease_config.ttl))
         interval = self.ctx.lease_config.heartbeat_interval
         beat = Heartbeat(self.ctx.leases, lease, self.delivery, interval, self.log).start()
         try:
+            if job.state is JobState.PAUSED:
+                return await self._unrelease(job, tile, beat)
             return await self._leased(job, tile, beat)
         finally:
             # Even after LeaseLost: a renew buffered while disconnected may still land, and a
@@ -164,6 +170,9 @@ class TileRun:
             seen=tile,
         )
         if not fenced:
+            if (await self.ctx.db.job_control(job.job_id)).state is JobState.PAUSED:
+                # A paused job refuses TILE_STARTED: hand the tile back, never drop it.
+                return await self._unrelease(job, tile, beat)
             self.log.info("fence refused: tile done or taken by a newer owner")
             await self._release(await beat.stop())
             return ACK
@@ -263,6 +272,47 @@ class TileRun:
         await self._release(await beat.stop())
         return ACK
 
+    async def _unrelease(self, job: Job, tile: Tile, beat: Heartbeat) -> Outcome:
+        """A message of a paused job's tile, the lease ours but nothing rendered: hand the tile
+        back unreleased (queued, ``published_at`` NULL), release, ack. If the job was resumed
+        meanwhile, the message comes back at once and is rendered as usual."""
+        crash.crash_point("worker.before_unrelease")
+        token = beat.lease.token
+        done = await self.ctx.db.unrelease_tile(
+            job.job_id, tile.tile_index, token=token, node=self.ctx.node
+        )
+        await self._release(await beat.stop())
+        if not done:
+            self.log.info("paused job's tile not handed back (resumed, or moved on)")
+            return Retry(0.0)
+        self.log.info("paused job's tile handed back unreleased")
+        return ACK
+
+    async def _paused(
+        self, job: Job, tile: Tile, acc: Accumulator, cp: Checkpoints, beat: Heartbeat, samples: int
+    ) -> tuple[Outcome, StopReason]:
+        """Stopped at a pass boundary by the job's pause: checkpoint now, hand the tile back
+        unreleased (fenced), release, ack; the next attempt resumes from this checkpoint."""
+        token = beat.lease.token
+        if samples > cp.latest and not await cp.write(acc, samples, token):
+            return Leave(StopReason.FENCED.value), StopReason.FENCED
+        crash.crash_point("worker.after_pause_checkpoint")
+        crash.crash_point("worker.before_unrelease")
+        handed = await self.ctx.db.unrelease_tile(
+            job.job_id, tile.tile_index, token=token, attempt_id=self.attempt_id,
+            node=self.ctx.node,
+        )  # fmt: skip
+        if handed:
+            await self._release(await beat.stop())
+            return ACK, StopReason.PAUSED
+        current = await self.ctx.db.get_tile(job.job_id, tile.tile_index)
+        if current is None or current.lease_fence > token:
+            return Leave(StopReason.FENCED.value), StopReason.FENCED
+        # Resumed before the hand-back: the checkpoint stands; let the message come back.
+        await self.ctx.db.end_attempt(self.attempt_id, outcome=AttemptOutcome.HANDED_BACK)
+        await self._release(await beat.stop())
+        return HAND_BACK, StopReason.HANDED_BACK
+
     async def _announce(
         self, job: Job, tile_index: int, result_key: str | None, fence: int
     ) -> None:
@@ -294,6 +344,22 @@ class TileRun:
                 node=self.ctx.node, outcome="cancelled",
             )  # fmt: skip
             await cp.cleanup()
+            await self._release(await beat.stop())
+            outcome = ACK
+        elif why is StopReason.PAUSED:
+            outcome, why = await self._paused(job, tile, acc, cp, beat, stop.samples)
+        elif why is StopReason.ENDED:
+            control = await db.job_control(job.job_id)
+            code = control.last_error_code or "job_failed"
+            failed = await db.fail_tile(
+                job.job_id, tile.tile_index, token=token, attempt_id=self.attempt_id,
+                trigger=TileTrigger.TERMINAL_FAILURE, error_code=code,
+                error=f"job {control.state.value} ({code})", node=self.ctx.node,
+                outcome=AttemptOutcome.TERMINAL,
+            )  # fmt: skip
+            if failed is None:  # the fence is a newer owner's (the store closed our attempt)
+                self.log.info("tile stopped", why=StopReason.FENCED.value, samples=stop.samples)
+                return Leave(StopReason.FENCED.value)
             await self._release(await beat.stop())
             outcome = ACK
         elif why is StopReason.HANDED_BACK:

@@ -26,6 +26,8 @@ POINTS = frozenset(
         "worker.after_commit",  # committed in Postgres, tile-done not yet published
         "worker.blender_mid_pass",  # Blender is rendering a pass (request sent, no reply yet)
         "worker.before_ack",  # tile-done published, lease released, message not yet acked
+        "worker.after_pause_checkpoint",  # paused job: checkpoint written, tile still leased
+        "worker.before_unrelease",  # paused job: about to hand the tile back unreleased
         "finalizer.after_finalizing",  # job moved to finalizing, nothing written yet
         "finalizer.after_image_write",  # final image written, metadata not yet updated
         "finalizer.after_complete",  # job completed, tile-done not yet acked

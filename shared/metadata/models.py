@@ -39,6 +39,8 @@ class AttemptOutcome(StrEnum):
     HANDED_BACK = "handed_back"
     CANCELLED = "cancelled"
     FENCED = "fenced"
+    #: the job was paused: checkpoint written, tile back to queued and unreleased
+    PAUSED = "paused"
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,35 @@ class Job:
     def from_record(cls, row: Record) -> Job:
         """Build from a ``SELECT * FROM jobs`` row."""
         return _build(cls, row, state=JobState(row["state"]))
+
+
+@dataclass(frozen=True)
+class JobControl:
+    """What a worker reads of its job between passes (one indexed read)."""
+
+    state: JobState
+    cancel_requested: bool
+    deadline_at: datetime | None
+    last_error_code: str | None
+
+
+@dataclass(frozen=True)
+class ProjectView:
+    """A project as ``project list``/``show`` report it: settings, tiles, recent share."""
+
+    name: str
+    #: False for a project with no ``projects`` row (weight 1, no cap: the defaults)
+    configured: bool
+    weight: float
+    max_in_flight: int | None
+    #: open tiles of its live jobs nobody holds (queued, failed_retryable)
+    queued: int
+    #: its tiles being rendered (leased, progressing)
+    in_flight: int
+    #: kernel core-seconds its tile attempts used within the share window
+    core_seconds: float
+    #: core_seconds over every project's in the window (0 when nothing ran)
+    share: float
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import asyncpg
 from asyncpg import Record
 
 from shared.core.lifecycle import JobState, JobTrigger, TileState, TileTrigger, tile_legal_events
-from shared.metadata import audit, fastpath, fencing, jobs, tiles
+from shared.metadata import audit, control, fastpath, fencing, jobs, projects, tiles
 from shared.metadata.audit import Conn, Who
 from shared.metadata.base import StoreBase
 from shared.metadata.models import (
@@ -17,7 +17,10 @@ from shared.metadata.models import (
     AuditEvent,
     CommitOutcome,
     Job,
+    JobControl,
     NewJob,
+    Project,
+    ProjectView,
     SubmitResult,
     Tile,
     TileCommit,
@@ -159,6 +162,93 @@ class MetadataStore(StoreBase):
             return await jobs.require_job(conn, job_id)
 
         return await self._tx("complete_job", run)
+
+    # ---- job control ----------------------------------------------------------------------
+
+    async def pause_job(self, job_id: str, *, node: str = "") -> tuple[Job, list[int]]:
+        """PAUSE the job and un-release its idle tiles in one transaction: the job and the
+        tiles handed back. In-flight tiles are stopped by their owners at a pass boundary.
+
+        A paused job pauses again as a no-op; IllegalTransition for a job that does not pause
+        (finalizing or final)."""
+        who = Who(node)
+
+        async def run(conn: Conn) -> tuple[Job, list[int]]:
+            moved = await control.pause(conn, job_id, who)
+            return await jobs.require_job(conn, job_id), moved
+
+        return await self._tx("pause_job", run)
+
+    async def resume_job(self, job_id: str, *, node: str = "") -> Job:
+        """RESUME: paused -> running, audited (IllegalTransition if the job is not paused)."""
+        who = Who(node)
+
+        async def run(conn: Conn) -> Job:
+            await control.resume(conn, job_id, who)
+            return await jobs.require_job(conn, job_id)
+
+        return await self._tx("resume_job", run)
+
+    async def set_priority(self, job_id: str, priority: int, *, node: str = "") -> Job:
+        """Change the priority of a queued, running, progressing or paused job (audited)."""
+        return await self._tx(
+            "set_priority", lambda c: control.set_priority(c, job_id, priority, Who(node))
+        )
+
+    async def unrelease_tile(
+        self,
+        job_id: str,
+        tile_index: int,
+        *,
+        token: int | None,
+        attempt_id: str | None = None,
+        node: str = "",
+    ) -> bool:
+        """Hand a tile of a paused job back unreleased (TileTrigger.PAUSE, ``published_at``
+        NULL); fenced by ``token`` when its owner does it (its attempt ends ``paused``).
+        False, nothing written, if the job is not paused any more or the fence is not ours."""
+        who = Who(node, attempt_id)
+        return await self._tx(
+            "unrelease_tile",
+            lambda c: control.unrelease_tile(c, job_id, tile_index, token=token, who=who),
+        )
+
+    async def job_control(self, job_id: str) -> JobControl:
+        """The job's state, cancel flag and deadline (one indexed read, for workers between
+        passes: cancelled, paused or ended?)."""
+        return await self._read("job_control", lambda c: control.control_of(c, job_id))
+
+    async def set_project(
+        self, name: str, *, weight: float, max_in_flight: int | None, actor: str = ""
+    ) -> Project:
+        """Upsert the project's weight and cap; a ``project_events`` row names ``actor``."""
+        projects.check_settings(weight, max_in_flight)  # before taking a connection
+        return await self._tx(
+            "set_project",
+            lambda c: projects.upsert(
+                c, name, weight=weight, max_in_flight=max_in_flight, actor=actor
+            ),
+        )
+
+    async def projects(
+        self, *, window: float, name: str | None = None, limit: int = 1000
+    ) -> list[ProjectView]:
+        """Projects by name, at most ``limit`` (settings, queued/in-flight tiles, core-second
+        share over ``window`` seconds), or only ``name`` (NotFoundError if unknown)."""
+        return await self._read(
+            "projects",
+            lambda c: projects.project_views(c, window=window, name=name, limit=limit),
+        )
+
+    async def claim_resumed_tiles(self, job_id: str) -> list[Tile]:
+        """INTERIM (until the dispatcher is merged; see
+        :func:`services.gateway.control.release_after_resume`): the running job's queued,
+        unreleased tiles, moved to the next generation with ``published_at = now()``."""
+        return await self._tx("claim_resumed_tiles", lambda c: control.claim_resumed(c, job_id))
+
+    async def overdue_jobs(self, *, limit: int = 100) -> list[str]:
+        """Live jobs whose deadline has passed, earliest deadline first (index jobs_deadline)."""
+        return await self._read("overdue_jobs", lambda c: control.overdue(c, limit=limit))
 
     # ---- tiles ----------------------------------------------------------------------------
 

@@ -51,6 +51,21 @@ class Metrics:
         self.stream_messages = Gauge(
             "tessera_stream_messages", "Messages stored in the stream", ["stream"], registry=r
         )
+        self.project_queued = Gauge(
+            "tessera_project_queued_tiles",
+            "Tiles of the project's live jobs waiting (queued or failed_retryable)",
+            ["project"], registry=r,
+        )  # fmt: skip
+        self.project_in_flight = Gauge(
+            "tessera_project_in_flight_tiles",
+            "Tiles of the project being rendered (leased or progressing)",
+            ["project"], registry=r,
+        )  # fmt: skip
+        self.project_share = Gauge(
+            "tessera_project_share",
+            "The project's share of kernel core-seconds over TESSERA_SHARE_WINDOW (0..1)",
+            ["project"], registry=r,
+        )  # fmt: skip
         self._jobs_and_tiles(r)
         self._leases_and_checkpoints(r)
         self._failures(r)

@@ -25,6 +25,7 @@ from shared.core.lifecycle import (
     TileState,
     TileTrigger,
     is_terminal,
+    tile_legal_events,
     transition_job,
     transition_tile,
 )
@@ -33,6 +34,7 @@ from shared.metadata import (
     AttemptOutcome,
     CommitOutcome,
     Job,
+    JobControl,
     NewJob,
     SubmitResult,
     Tile,
@@ -138,6 +140,32 @@ class MemoryMetadata:
 
     async def is_cancel_requested(self, job_id: str) -> bool:
         return self._job(job_id).cancel_requested
+
+    async def job_control(self, job_id: str) -> JobControl:
+        job = self._job(job_id)
+        return JobControl(job.state, job.cancel_requested, job.deadline_at, job.last_error_code)
+
+    async def unrelease_tile(
+        self,
+        job_id: str,
+        tile_index: int,
+        *,
+        token: int | None,
+        attempt_id: str | None = None,
+        node: str = "",
+    ) -> bool:
+        job, tile = self._job(job_id), self._tile(job_id, tile_index)
+        working = tile.state in (TileState.LEASED, TileState.PROGRESSING)
+        ours = tile.lease_fence <= token if token is not None else not working
+        if job.state is not JobState.PAUSED or not ours:
+            return False
+        if TileTrigger.PAUSE not in tile_legal_events(tile.state):
+            return False
+        self._put_tile(
+            tile, state=transition_tile(tile.state, TileTrigger.PAUSE), published_at=None
+        )
+        self._end(attempt_id, AttemptOutcome.PAUSED, None, None)
+        return True
 
     # ---- tiles ----------------------------------------------------------------------------
 

@@ -52,6 +52,7 @@ async def test_every_verb_s_reply_has_exactly_its_schema_s_fields(
     job_id = await completed_job(runtime, client, b"png bytes", b"npy bytes", seed=1)
     cancel_me = (await client.submit(SubmitRequest(**body(seed=2))))["job_id"]
     failed = (await client.submit(SubmitRequest(**body(seed=3))))["job_id"]
+    pause_me = (await client.submit(SubmitRequest(**body(seed=4))))["job_id"]
     await runtime.db.transition_job(failed, JobTrigger.TERMINAL_FAILURE, error_code="invalid")
     letter_job = new_job_id()
     await _dead_letter(runtime, letter_job, 0, source_seq=1)
@@ -67,6 +68,12 @@ async def test_every_verb_s_reply_has_exactly_its_schema_s_fields(
         ApiVerb.DLQ_SHOW: {"seq": 1},
         ApiVerb.DLQ_REQUEUE: {"dry_run": True},
         ApiVerb.DLQ_PURGE: {"all": True, "dry_run": True},
+        ApiVerb.PRIORITY: {"job_id": pause_me, "priority": 70},
+        ApiVerb.PAUSE: {"job_id": pause_me},
+        ApiVerb.RESUME: {"job_id": pause_me},
+        ApiVerb.PROJECT_SET: {"name": "gw", "weight": 2, "max_in_flight": 3, "actor": "t"},
+        ApiVerb.PROJECT_LIST: {},  # "gw" has jobs and settings
+        ApiVerb.PROJECT_SHOW: {"name": "gw"},
     }
     assert set(bodies) == set(ApiVerb)
     for verb, request in bodies.items():

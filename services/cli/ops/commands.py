@@ -95,7 +95,10 @@ async def top(session: Session, args: argparse.Namespace) -> int:
     try:
         while True:
             try:
-                frame = render(await snapshot(js, topology, db, window=args.window))
+                share = session.settings.scheduler.share_window
+                frame = render(
+                    await snapshot(js, topology, db, window=args.window, share_window=share)
+                )
             except RetryableError as exc:
                 if args.once:
                     raise  # exit 4, "unavailable", with the reason

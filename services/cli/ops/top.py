@@ -11,7 +11,7 @@ bounded, so refreshing every second is cheap.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import orjson
@@ -23,7 +23,7 @@ from proto import names as n
 from proto.topology import Topology
 from services.client.output import table_lines
 from shared.core.lifecycle import JobState
-from shared.metadata import AuditEvent, MetadataStore
+from shared.metadata import AuditEvent, MetadataStore, ProjectView
 from shared.metadata.ops import InFlightTile
 from shared.nats.jetstream import retry_transient
 from shared.nats.streams import StreamStats, read_stats
@@ -56,6 +56,9 @@ class Snapshot:
     window: float
     tiles_per_second: float
     failures: list[AuditEvent]
+    #: per project: queued and in-flight tiles, core-second share over ``share_window``
+    projects: list[ProjectView] = field(default_factory=list)
+    share_window: float = 0.0
 
 
 async def lease_of(js: JetStreamContext, bucket: str, key: str) -> LeaseView | None:
@@ -88,6 +91,7 @@ async def snapshot(
     window: float = 10.0,
     tiles: int = 20,
     failures: int = 8,
+    share_window: float = 600.0,
 ) -> Snapshot:
     """Read one frame's worth of state."""
     bucket = topology.names.bucket(n.BUCKET_LEASES)
@@ -105,6 +109,8 @@ async def snapshot(
         window=window,
         tiles_per_second=committed / window if window > 0 else 0.0,
         failures=await db.ops.recent_failures(limit=failures),
+        projects=await db.projects(window=share_window),
+        share_window=share_window,
     )
 
 
@@ -141,6 +147,12 @@ def render(s: Snapshot) -> str:
           lease.node if lease else "(no lease)",
           _age(s.at - lease.acquired_at) if lease and lease.acquired_at else "-", t.lease_fence)
          for t, lease in s.in_flight],
+    )  # fmt: skip
+    lines += ["", f"PROJECTS ({len(s.projects)}, share over the last {s.share_window:g}s)"]
+    lines += table_lines(
+        ("PROJECT", "WEIGHT", "MAX IN FLIGHT", "QUEUED", "IN FLIGHT", "SHARE"),
+        [(p.name, f"{p.weight:g}", "-" if p.max_in_flight is None else p.max_in_flight,
+          p.queued, p.in_flight, f"{100 * p.share:.1f}%") for p in s.projects],
     )  # fmt: skip
     lines += ["", f"RECENT FAILURES ({len(s.failures)})"]
     lines += table_lines(

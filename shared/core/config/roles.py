@@ -149,6 +149,22 @@ class SchedulerSettings:
         read_by="scheduler",
         minimum=1,
     )
+    #: period of the deadline check (jobs past their deadline end deadline_exceeded)
+    deadline_interval: float = _knob(
+        1.0,
+        "TESSERA_DEADLINE_INTERVAL",
+        "period of the check that fails jobs past their deadline (s)",
+        read_by="scheduler",
+        minimum=0.1,
+    )
+    #: the sliding window over which a project's share of kernel core-seconds is measured
+    share_window: float = _knob(
+        600.0,
+        "TESSERA_SHARE_WINDOW",
+        "window of a project's core-second share (`project list`, `top`, metrics) (s)",
+        read_by="scheduler, gateway",
+        minimum=1.0,
+    )
 
 
 @dataclass(frozen=True)
