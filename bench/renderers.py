@@ -56,8 +56,10 @@ async def _tiled(
     async def slot() -> None:
         while queue:
             rect, acc = queue.pop(0)
-            for start, end in renderer.passes(_Job(SPP)):
+            start = 0
+            for end in renderer.passes(_Job(SPP)):
                 await renderer.render(scene, rect, start, end, acc)  # type: ignore[arg-type]
+                start = end
 
     await asyncio.gather(*(slot() for _ in range(slots)))
     return assemble(W, H, list(zip(rects, accs, strict=True)))

@@ -14,9 +14,9 @@ equals Blender's own full-frame render value for value; a tile's passes are fixe
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
+import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -240,8 +240,8 @@ class BlenderRenderer:
         self.version = blender_version(binary)
         self.samples_per_pass = samples_per_pass
         self.watchdog = watchdog
-        self._tmp = tempfile.TemporaryDirectory(prefix="tessera-blender-", dir=workdir)
-        root = Path(self._tmp.name)
+        # Scratch for the slots' EXR files; removed by close().
+        self._root = root = Path(tempfile.mkdtemp(prefix="tessera-blender-", dir=workdir))
         self.slots = [BlenderSlot(root, binary=binary, threads=threads_per_slot)]
         self.slots += [
             BlenderSlot(root, binary=binary, threads=threads_per_slot) for _ in range(slots - 1)
@@ -264,11 +264,12 @@ class BlenderRenderer:
             seed=scene.get("seed"),
         )
 
-    def passes(self, job: Any) -> list[tuple[int, int]]:
-        """The job's fixed pass plan: :func:`blender_passes` of its spp."""
-        return blender_passes(
+    def passes(self, job: Any) -> tuple[int, ...]:
+        """The job's fixed pass plan (where each pass ends): :func:`blender_passes` of its spp."""
+        ranges = blender_passes(
             job.spp, int(job.scene.get("samples_per_pass", self.samples_per_pass))
         )
+        return tuple(end for _, end in ranges)
 
     async def _slot_for(self, scene: BlenderScene) -> BlenderSlot:
         slot = await self._idle.get()
@@ -301,5 +302,9 @@ class BlenderRenderer:
     async def close(self) -> None:
         """Kill the processes and remove the scratch directory."""
         await self.kill_all()
-        with contextlib.suppress(OSError):
-            self._tmp.cleanup()
+        shutil.rmtree(self._root, ignore_errors=True)
+
+
+def create(found: Any, slots: int) -> BlenderRenderer:
+    """The registry's constructor: one Blender process per kernel slot, one thread each."""
+    return BlenderRenderer(slots=slots, binary=found.executable or "blender")

@@ -194,9 +194,9 @@ class PovrayRenderer:
         options = tuple(check_povray_options(job.scene.get("options", [])))
         return PovrayScene(asset_dir / job.scene["main"], job.width, job.height, job.spp, options)
 
-    def passes(self, job: Any) -> list[tuple[int, int]]:
+    def passes(self, job: Any) -> tuple[int, ...]:
         """One pass of all samples: POV-Ray renders a tile once."""
-        return [(0, job.spp)]
+        return (job.spp,)
 
     async def render(
         self, prepared: PovrayScene, rect: Rect, start: int, end: int, acc: Accumulator
@@ -277,3 +277,8 @@ class PovrayRenderer:
     async def close(self) -> None:
         """Kill what still runs."""
         await self.kill_all()
+
+
+def create(found: Any, slots: int) -> PovrayRenderer:
+    """The registry's constructor: at most ``slots`` POV-Ray processes at a time."""
+    return PovrayRenderer(slots=slots, binary=found.executable or "povray")
