@@ -109,6 +109,9 @@ class ApiVerb(StrEnum):
     DLQ_SHOW = "dlq.show"
     DLQ_REQUEUE = "dlq.requeue"
     DLQ_PURGE = "dlq.purge"
+    ASSET_MISSING = "asset.missing"
+    ASSET_CHUNK = "asset.chunk"
+    ASSET_MANIFEST = "asset.manifest"
 
 
 def job_of_tile_subject(subject: str) -> str | None:
