@@ -96,7 +96,8 @@ class AssetFile:
 
     def to_json(self) -> dict[str, Any]:
         """The manifest entry."""
-        return {"path": self.path, "size": self.size, "sha256": self.sha256, "chunks": self.chunks}
+        chunks = list(self.chunks)
+        return {"path": self.path, "size": self.size, "sha256": self.sha256, "chunks": chunks}
 
 
 def _sha(value: Any, what: str) -> str:

@@ -58,7 +58,7 @@ import orjson
 
 from proto.assets import AssetFile, Manifest
 from shared.core.config import Settings
-from shared.core.errors import RetryableError
+from shared.core.errors import DecodeError, RetryableError, ValidationError
 from shared.objectstore import (
     CorruptObject,
     ObjectStore,
@@ -200,10 +200,10 @@ class AssetCache:
 
     async def _download(self, sha: str) -> Path:
         raw = await self.store.get(asset_manifest_key(sha), sha256=sha)
-        try:
+        try:  # checked again: a manifest written past the gateway must not escape the cache
             manifest = Manifest.parse(orjson.loads(raw), max_bytes=_NO_LIMIT)
-        except Exception as exc:  # a manifest under its own sha256 that does not parse: bug
-            raise CorruptObject(f"asset {sha}: its manifest does not parse: {exc}") from exc
+        except (orjson.JSONDecodeError, DecodeError, ValidationError) as exc:
+            raise ValidationError(f"asset {sha}: its manifest is refused: {exc}") from exc
         await self._make_room(sha, manifest.size)
         temp = self.root / f"{_TMP}{sha}-{uuid.uuid4().hex[:8]}"
         await asyncio.to_thread(temp.mkdir, parents=True)
