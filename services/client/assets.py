@@ -254,9 +254,10 @@ async def _blend_files(blend: Path, root: Path) -> list[str]:
         try:
             check_asset_path(str(PurePosixPath(rel)) if rel else rel, "path")
         except (DecodeError, ValidationError) as exc:
+            resolved = PurePosixPath(os.path.normpath(f"{root}/{rel}"))  # noqa: ASYNC240
             raise AssetRefused(
-                f"{blend} uses {raw!r:.200}, which is not a file inside its directory "
-                f"({str(exc).removeprefix('path: ')})"
+                f"{blend} uses {raw!r:.200} ({resolved}), which is not a file inside its "
+                f"directory ({str(exc).removeprefix('path: ')}): move it next to the .blend"
             ) from None
         if not await asyncio.to_thread((root / rel).is_file):
             raise AssetRefused(f"{blend} uses {raw!r:.200}, which does not exist: a missing file")

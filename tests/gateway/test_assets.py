@@ -25,6 +25,7 @@ from nats.aio.subscription import Subscription
 
 from proto.assets import Manifest
 from proto.names import ApiVerb, Names
+from proto.replies import ApiError
 from services.client.api import TesseraClient
 from services.client.assets import AssetRefused, collect_files, upload_scene
 from services.gateway.app import Gateway
@@ -323,7 +324,9 @@ async def test_the_gateway_refuses_a_manifest_whose_chunks_are_missing_or_short(
         client.nc, client.names, ApiVerb.ASSET_MANIFEST, orjson.dumps({"manifest": {
             "main": "s.pov", "files": [lying]}})
     )  # fmt: skip
-    assert reply["error"]["code"] == "invalid" and "its place needs 1001" in reply["error"]["message"]
+    assert (
+        reply["error"]["code"] == "invalid" and "its place needs 1001" in reply["error"]["message"]
+    )
     assert not await gateway.rt.store.list("assets/manifests/")
 
 
@@ -332,17 +335,19 @@ async def test_the_gateway_refuses_a_pov_scene_whose_include_is_not_in_the_asset
 ) -> None:
     main = b'#include "colors.inc"\n#include "walls.inc"\n'
     await store_chunk(client, main)
-    manifest = {"main": "s.pov", "files": [entry("s.pov", main)]}
-    with pytest.raises(Exception, match="walls.inc.*missing dependency"):
+    files = [entry("s.pov", main)]
+    manifest = {"main": "s.pov", "files": files}
+    with pytest.raises(ApiError, match=r"walls\.inc.*missing dependency") as refused:
         await client.asset_manifest(manifest, "povray")
+    assert refused.value.code == "invalid"
     walls = b'plane { y, 0 pigment { image_map { png "floor.png" } } }\n'
     await store_chunk(client, walls)
-    manifest["files"].append(entry("walls.inc", walls))
-    with pytest.raises(Exception, match="floor.png.*missing dependency"):
+    files.append(entry("walls.inc", walls))
+    with pytest.raises(ApiError, match=r"floor\.png.*missing dependency"):
         await client.asset_manifest(manifest, "povray")
     assert not await gateway.rt.store.list("assets/manifests/")
     await store_chunk(client, b"png")
-    manifest["files"].append(entry("floor.png", b"png"))
+    files.append(entry("floor.png", b"png"))
     reply = await client.asset_manifest(manifest, "povray")
     assert reply["files"] == 3 and reply["stored"] is True
 
@@ -353,7 +358,7 @@ async def test_the_gateway_refuses_an_asset_over_its_limit(
     data = b"y" * 5000
     await store_chunk(client, data)
     gateway.assets.max_asset_bytes = 4999
-    with pytest.raises(Exception, match="exceed the limit of 4999 bytes"):
+    with pytest.raises(ApiError, match="exceed the limit of 4999 bytes"):
         await client.asset_manifest({"main": "s.pov", "files": [entry("s.pov", data)]})
 
 
