@@ -100,7 +100,7 @@ class WorkerSettings:
         "",
         "TESSERA_ASSET_CACHE_DIR",
         "directory of a worker's scene asset cache, one subdirectory per asset sha256 "
-        "(empty: `~/.cache/tessera/assets`)",
+        "(empty: `~/.cache/tessera/assets/<TESSERA_NODE>`; one per worker process)",
         read_by="worker",
     )
     #: bytes of assets kept there; least recently used assets not in use are removed first
