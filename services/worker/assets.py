@@ -110,7 +110,10 @@ class AssetCache:
         self._rehashed: set[str] = set()
         self._lock = asyncio.Lock()
         self._opened = False
+        self._opening: asyncio.Future[None] | None = None
         self._uses = 0
+        #: bytes of downloads in progress, counted against the bound before they land
+        self._reserved = 0
         #: downloads made (tests: a hit or a shared download adds none)
         self.downloads = 0
 
@@ -133,7 +136,13 @@ class AssetCache:
         return set(self._entries)
 
     async def open(self) -> None:
-        """Create the root, remove leftovers of a crash, index the complete assets."""
+        """Create the root, remove leftovers of a crash, index the complete assets (once: a
+        scan while a download runs would remove its temporary directory)."""
+        if self._opening is None or (self._opening.done() and self._opening.exception()):
+            self._opening = asyncio.ensure_future(self._scan())
+        await asyncio.shield(self._opening)
+
+    async def _scan(self) -> None:
         self._entries = await asyncio.to_thread(_scan, self.root)
         self._uses = len(self._entries)
         self._opened = True
@@ -204,16 +213,18 @@ class AssetCache:
             manifest = Manifest.parse(orjson.loads(raw), max_bytes=_NO_LIMIT)
         except (orjson.JSONDecodeError, DecodeError, ValidationError) as exc:
             raise ValidationError(f"asset {sha}: its manifest is refused: {exc}") from exc
-        await self._make_room(sha, manifest.size)
+        await self._make_room(sha, manifest.size)  # reserves manifest.size
         temp = self.root / f"{_TMP}{sha}-{uuid.uuid4().hex[:8]}"
-        await asyncio.to_thread(temp.mkdir, parents=True)
         try:
+            await asyncio.to_thread(temp.mkdir, parents=True)
             for entry in manifest.files:
                 await self._fetch_file(temp, entry)
             await asyncio.to_thread(_install, self.root, sha, temp, manifest)
         except BaseException:
             await asyncio.to_thread(shutil.rmtree, temp, True)
             raise
+        finally:
+            self._reserved -= manifest.size
         self._entries[sha] = _Entry(manifest.size, self._use())
         self._rehashed.add(sha)
         self.downloads += 1
@@ -250,13 +261,14 @@ class AssetCache:
         async with self._lock:
             by_age = sorted(self._entries.items(), key=lambda item: item[1].last_used)
             for old, _ in by_age:
-                if self.used_bytes + size <= self.max_bytes:
+                if self.used_bytes + self._reserved + size <= self.max_bytes:
                     break
                 if old in self._held or old in self._downloads:
                     continue
                 await self._remove(old)
                 if self.log is not None:
                     self.log.info("asset evicted", asset=old)
+            self._reserved += size
 
     async def _remove(self, sha: str) -> None:
         self._entries.pop(sha, None)

@@ -195,3 +195,13 @@ async def test_a_manifest_with_an_unsafe_path_is_refused_even_past_the_gateway(
         await cache_of(store, tmp_path / "cache" / "x").materialize(asset)
     assert not (tmp_path / "escape.pov").exists()
     assert list((tmp_path / "cache" / "x").iterdir()) == []
+
+
+async def test_concurrent_downloads_count_against_the_bound_before_they_land(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    a, b, c = [await put_asset(store, {f"{n}.pov": os.urandom(MiB)}) for n in "abc"]
+    cache = cache_of(store, tmp_path / "cache", max_bytes=2 * MiB + 100)
+    await cache.materialize(a)
+    await asyncio.gather(cache.materialize(b), cache.materialize(c))
+    assert cache.cached() == {b, c} and cache.used_bytes <= 2 * MiB + 100
