@@ -71,10 +71,14 @@ async def _main(mb: int) -> None:
             try:
                 size = mb * MB
                 asset, _ = await _timed(
-                    "upload (every chunk)", size, lambda: upload_scene(client, main, "povray", False)
+                    "upload (every chunk)",
+                    size,
+                    lambda: upload_scene(client, main, "povray", False),
                 )
                 await _timed(
-                    "upload again (dedup)", size, lambda: upload_scene(client, main, "povray", False)
+                    "upload again (dedup)",
+                    size,
+                    lambda: upload_scene(client, main, "povray", False),
                 )
                 cache = AssetCache(rt.store, root / "cache", 4 * size)
                 await _timed("materialize (download)", size, lambda: cache.materialize(asset))
