@@ -28,6 +28,9 @@ subject                   schema              fields (defaults)
 ``.dlq.purge``            DlqPurgeRequest     job_id, all (false; or job_id), dry_run (false)
 ``tessera.api.result``    ResultRequest       job_id, kind (png), inline (false), offset (0),
                                               length (the gateway's chunk)
+``.asset.missing``        AssetMissingRequest chunks
+``.asset.chunk``          AssetChunkRequest   sha256, data (msgpack only)
+``.asset.manifest``       AssetManifestRequest manifest, renderer
 ========================  ==================  ==============================================
 """
 
@@ -45,6 +48,7 @@ import orjson
 
 from proto.fields import Body, check_range, check_str
 from proto.limits import (
+    ASSET_CHUNK_BYTES,
     CURSOR_RE,
     DEFAULT_BOUNCES,
     DEFAULT_LIST_LIMIT,
@@ -56,6 +60,7 @@ from proto.limits import (
     MAX_DIMENSION,
     MAX_FRAME,
     MAX_LIST_LIMIT,
+    MAX_MISSING_QUERY,
     MAX_PRIORITY,
     MAX_REQUEST_BYTES,
     MAX_REQUEUE_LIMIT,
@@ -497,12 +502,94 @@ class ResultRequest:
         return cls(job_id, "float" if kind == "float" else "png", inline, offset, length)
 
 
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+RENDERER_RE = re.compile(r"[a-z0-9][a-z0-9_-]*")
+
+
+@dataclass(frozen=True)
+class AssetMissingRequest:
+    """``tessera.api.asset.missing``: which of these chunks the object store does not hold.
+
+    A client asks before uploading and sends only those (a second upload of the same files sends
+    none). An empty ``chunks`` asks only for the gateway's asset limits.
+    """
+
+    chunks: Annotated[list[str], "chunk sha256 digests, at most 128 (duplicates ignored)"]
+
+    @classmethod
+    def from_body(cls, body: Body) -> Self:
+        """Read and validate a parsed body."""
+        raw = body.raw("chunks")
+        body.done()
+        if not isinstance(raw, list):
+            raise DecodeError(f"chunks: expected an array, got {type(raw).__name__}")
+        check_range("chunks", len(raw), 0, MAX_MISSING_QUERY)
+        return cls([_sha256(f"chunks[{i}]", c) for i, c in enumerate(raw)])
+
+
+@dataclass(frozen=True)
+class AssetChunkRequest:
+    """``tessera.api.asset.chunk``: store one chunk of an asset file under its sha256.
+
+    msgpack only (header ``Content-Type: application/msgpack``): ``data`` is binary, which
+    JSON cannot carry. The gateway checks the sha256 before storing anything; a chunk already
+    stored is not written again.
+    """
+
+    sha256: Annotated[str, "sha256 (hex) of ``data``"]
+    data: Annotated[bytes, "the chunk's bytes: 1..4 MiB (msgpack bin)"]
+
+    @classmethod
+    def from_body(cls, body: Body) -> Self:
+        """Read and validate a parsed body."""
+        digest = _sha256("sha256", body.string("sha256"))
+        data = body.raw("data")
+        body.done()
+        if not isinstance(data, bytes):
+            kind = type(data).__name__
+            raise DecodeError(f"data: expected binary (msgpack bin; not JSON), got {kind}")
+        check_range("data", len(data), 1, ASSET_CHUNK_BYTES)
+        return cls(digest, data)
+
+
+@dataclass(frozen=True)
+class AssetManifestRequest:
+    """``tessera.api.asset.manifest``: store an asset's manifest once every chunk is stored.
+
+    The gateway checks the manifest (paths, sizes: :mod:`proto.assets`), that every chunk is
+    stored with the size its place implies, and for ``renderer`` ``povray`` that every file the
+    scene names (``#include``, image maps ...) is in the asset or is a POV-Ray library file.
+    """
+
+    manifest: Annotated[dict[str, Any], "``{main, files: [{path, size, sha256, chunks}]}``"]
+    renderer: Annotated[str | None, "the renderer the asset is for (``povray`` is scanned)"] = None
+
+    @classmethod
+    def from_body(cls, body: Body) -> Self:
+        """Read and validate a parsed body (the manifest's rules are checked by the gateway)."""
+        manifest, renderer = body.raw("manifest"), body.string("renderer", None)
+        body.done()
+        if not isinstance(manifest, dict):
+            raise DecodeError(f"manifest: expected an object, got {type(manifest).__name__}")
+        if renderer is not None:
+            check_str("renderer", renderer, RENDERER_RE, 32)
+        return cls(manifest, renderer)
+
+
+def _sha256(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise DecodeError(f"{name}: expected a string, got {type(value).__name__}")
+    return check_str(name, value, _SHA256, 64)
+
+
 R = TypeVar("R", SubmitRequest, JobRequest, ListRequest, DlqListRequest, DlqShowRequest,
             DlqRequeueRequest, DlqPurgeRequest, ResultRequest, PriorityRequest,
-            ProjectSetRequest, ProjectListRequest, ProjectShowRequest)  # fmt: skip
+            ProjectSetRequest, ProjectListRequest, ProjectShowRequest, AssetMissingRequest,
+            AssetChunkRequest, AssetManifestRequest)  # fmt: skip
 REQUEST_SCHEMAS = (SubmitRequest, JobRequest, ListRequest, DlqListRequest, DlqShowRequest,
                    DlqRequeueRequest, DlqPurgeRequest, ResultRequest, PriorityRequest,
-                   ProjectSetRequest, ProjectListRequest, ProjectShowRequest)  # fmt: skip
+                   ProjectSetRequest, ProjectListRequest, ProjectShowRequest,
+                   AssetMissingRequest, AssetChunkRequest, AssetManifestRequest)  # fmt: skip
 
 
 VERB_REQUESTS: dict[ApiVerb, type] = {
@@ -522,6 +609,9 @@ VERB_REQUESTS: dict[ApiVerb, type] = {
     ApiVerb.PROJECT_SET: ProjectSetRequest,
     ApiVerb.PROJECT_LIST: ProjectListRequest,
     ApiVerb.PROJECT_SHOW: ProjectShowRequest,
+    ApiVerb.ASSET_MISSING: AssetMissingRequest,
+    ApiVerb.ASSET_CHUNK: AssetChunkRequest,
+    ApiVerb.ASSET_MANIFEST: AssetManifestRequest,
 }
 """The request schema of every verb."""
 

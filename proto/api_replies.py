@@ -40,6 +40,10 @@ subject                   schema              fields
 ``.project.set``          ProjectSetReply     name, weight, max_in_flight, actor
 ``.project.list``         ProjectListReply    projects, window_seconds
 ``.project.show``         ProjectShowReply    project, window_seconds
+``.asset.missing``        AssetMissingReply   missing, chunk_bytes, max_asset_bytes,
+                                              max_query
+``.asset.chunk``          AssetChunkReply     sha256, size, stored
+``.asset.manifest``       AssetManifestReply  asset, main, files, size, stored
 (items)                   JobSummary          job_id, project, state, frame, width, height,
                                               spp, generation, created_at, updated_at,
                                               finished_at, priority, deadline_at
@@ -332,6 +336,36 @@ class DlqPurgeReply:
     dry_run: Annotated[bool, "true if nothing was deleted"]
 
 
+@dataclass(frozen=True)
+class AssetMissingReply:
+    """``tessera.api.asset.missing``: the chunks to upload, and the limits to upload within."""
+
+    missing: Annotated[list[str], "the digests asked about that are not stored, in order"]
+    chunk_bytes: Annotated[int, "bytes of every chunk of a file but its last (4 MiB)"]
+    max_asset_bytes: Annotated[int, "the most bytes all files of one asset may have"]
+    max_query: Annotated[int, "the most digests one ``asset.missing`` request may ask about"]
+
+
+@dataclass(frozen=True)
+class AssetChunkReply:
+    """``tessera.api.asset.chunk``: the chunk is stored (by this request or an earlier one)."""
+
+    sha256: Annotated[str, "the chunk's sha256 (hex)"]
+    size: Annotated[int, "its bytes"]
+    stored: Annotated[bool, "true if this request wrote it, false if it was already stored"]
+
+
+@dataclass(frozen=True)
+class AssetManifestReply:
+    """``tessera.api.asset.manifest``: the asset's reference, to name in a submit."""
+
+    asset: Annotated[str, "sha256 (hex) of the manifest's canonical JSON: the asset's reference"]
+    main: Annotated[str, "the main scene file's path in the asset"]
+    files: Annotated[int, "files in the asset"]
+    size: Annotated[int, "bytes of all its files"]
+    stored: Annotated[bool, "true if this request wrote the manifest, false if already stored"]
+
+
 VERB_REPLIES: dict[ApiVerb, type] = {
     ApiVerb.SUBMIT: SubmitReply,
     ApiVerb.STATUS: StatusReply,
@@ -349,6 +383,9 @@ VERB_REPLIES: dict[ApiVerb, type] = {
     ApiVerb.PROJECT_SET: ProjectSetReply,
     ApiVerb.PROJECT_LIST: ProjectListReply,
     ApiVerb.PROJECT_SHOW: ProjectShowReply,
+    ApiVerb.ASSET_MISSING: AssetMissingReply,
+    ApiVerb.ASSET_CHUNK: AssetChunkReply,
+    ApiVerb.ASSET_MANIFEST: AssetManifestReply,
 }
 """The reply schema of every verb."""
 
@@ -363,6 +400,7 @@ Reply = (
     SubmitReply | StatusReply | ListReply | CancelReply | RetryReply | ResultReply
     | DlqListReply | DlqShowReply | DlqRequeueReply | DlqPurgeReply | PriorityReply
     | PauseReply | ResumeReply | ProjectSetReply | ProjectListReply | ProjectShowReply
+    | AssetMissingReply | AssetChunkReply | AssetManifestReply
 )  # fmt: skip
 
 

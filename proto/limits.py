@@ -29,6 +29,11 @@ Limits (``bad_request`` for a wrong shape or type, ``invalid`` for a value outsi
   show`` has it whole
 - ``result`` ``offset``: 0..the object's size; ``length``: 1..2^31-1, capped at the gateway's
   chunk (about 3/4 of its reply budget, so the base64 fits)
+- assets (:mod:`proto.assets`): ``asset.chunk`` carries one chunk of at most 4 MiB
+  (:data:`ASSET_CHUNK_BYTES`, msgpack); ``asset.missing`` at most 128 digests
+  (:data:`MAX_MISSING_QUERY`); a manifest at most 10,000 files (:data:`MAX_ASSET_FILES`) and
+  2 MiB of canonical JSON (:data:`MAX_MANIFEST_BYTES`), its files at most the gateway's
+  ``TESSERA_ASSET_MAX_BYTES`` in all
 - every integer must be a finite whole number (``64.0`` is accepted as 64; booleans, ``1.5``,
   NaN and out-of-range values are not)
 """
@@ -69,6 +74,13 @@ MAX_SEQ = 2**63 - 1
 MAX_REPLY_BYTES = 512 * 1024
 MAX_VIEW_ERROR = 500
 MAX_RESULT_LENGTH = 2**31 - 1
+ASSET_CHUNK_BYTES = 4 * 1024 * 1024
+"""Bytes of every chunk of an asset file but its last (see :mod:`proto.assets`): one
+``asset.chunk`` request carries one chunk, within :data:`MAX_REQUEST_BYTES` as msgpack."""
+MAX_ASSET_FILES = 10_000
+MAX_MANIFEST_BYTES = 2 * 1024 * 1024
+MAX_MISSING_QUERY = 128
+"""Chunk digests per ``asset.missing`` request: about 9 KB of JSON, a small request."""
 
 PROJECT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 BUILTIN_SCENE_RE = re.compile(r"[a-z0-9][a-z0-9_-]*")

@@ -123,6 +123,9 @@ class ApiVerb(StrEnum):
     PROJECT_SET = "project.set"
     PROJECT_LIST = "project.list"
     PROJECT_SHOW = "project.show"
+    ASSET_MISSING = "asset.missing"
+    ASSET_CHUNK = "asset.chunk"
+    ASSET_MANIFEST = "asset.manifest"
 
 
 RENDERER_TESSERA = "tessera"

@@ -29,7 +29,7 @@ class ErrorCode(StrEnum):
     CONFLICT = "conflict"
     """The idempotency key is bound to a different request body."""
     NOT_FOUND = "not_found"
-    """No such job or dead letter."""
+    """No such job or dead letter, or an asset chunk a manifest names is not stored."""
     ILLEGAL_STATE = "illegal_state"
     """The job's state does not allow this (for example retrying a completed job)."""
     UNAVAILABLE = "unavailable"

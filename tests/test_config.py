@@ -115,6 +115,7 @@ def _other_value(f: dataclasses.Field[Any]) -> str:
     """A valid value of a knob that is not its default."""
     strings = {"namespace": "t1", "metrics_host": "127.0.0.1", "log_level": "DEBUG",
                "renderers": "tessera"}  # fmt: skip
+    strings["asset_cache_dir"] = "/var/cache/tessera/assets"
     default: Any = f.default
     if f.type == "int":
         return str(default + 1)

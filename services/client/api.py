@@ -22,14 +22,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import random
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
+import msgpack
 import nats.errors
 import orjson
 from nats.aio.client import Client as NATS
 
-from proto.api import ResultKind, SubmitRequest
+from proto.api import MSGPACK, ResultKind, SubmitRequest
 from proto.limits import MAX_REQUEST_BYTES
 from proto.names import ApiVerb, Names
 from proto.replies import ApiError, ErrorCode, decode_reply
@@ -71,15 +73,23 @@ class TesseraClient:
 
     async def call(self, verb: ApiVerb, body: dict[str, Any]) -> dict[str, Any]:
         """Send ``body`` (``None`` values dropped) to ``verb``; the ok reply's fields."""
-        subject = self.names.api_subject(verb)
         data = orjson.dumps({k: v for k, v in body.items() if v is not None})
+        return await self.call_raw(verb, data)
+
+    async def call_raw(
+        self, verb: ApiVerb, data: bytes, headers: dict[str, str] | None = None
+    ) -> dict[str, Any]:
+        """:meth:`call` with a body already encoded (msgpack needs ``headers``)."""
+        subject = self.names.api_subject(verb)
         self._check_size(subject, data)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         while True:
             remaining = deadline - loop.time()
             try:
-                msg = await self.nc.request(subject, data, timeout=max(remaining, 0.01))
+                msg = await self.nc.request(
+                    subject, data, timeout=max(remaining, 0.01), headers=headers
+                )
             except nats.errors.NoRespondersError:
                 if remaining <= _NO_RESPONDERS_PAUSE:
                     raise GatewayUnavailable(
@@ -222,6 +232,21 @@ class TesseraClient:
             reply = await self.result(
                 job_id, kind=kind, inline=True, offset=following, length=chunk
             )
+
+    async def asset_missing(self, chunks: Sequence[str]) -> dict[str, Any]:
+        """Which of ``chunks`` (at most 128 digests) the store lacks, and the asset limits."""
+        return await self.call(ApiVerb.ASSET_MISSING, {"chunks": list(chunks)})
+
+    async def asset_chunk(self, sha256: str, data: bytes) -> dict[str, Any]:
+        """Store one chunk (at most 4 MiB) under its sha256 (msgpack: ``data`` is binary)."""
+        body = msgpack.packb({"sha256": sha256, "data": data}, use_bin_type=True)
+        return await self.call_raw(ApiVerb.ASSET_CHUNK, body, {"Content-Type": MSGPACK})
+
+    async def asset_manifest(
+        self, manifest: dict[str, Any], renderer: str | None = None
+    ) -> dict[str, Any]:
+        """Store an asset's manifest (every chunk stored first); its reference is ``asset``."""
+        return await self.call(ApiVerb.ASSET_MANIFEST, {"manifest": manifest, "renderer": renderer})
 
     async def dlq_list(
         self, *, job_id: str | None = None, limit: int | None = None, cursor: str | None = None

@@ -9,10 +9,11 @@ holds ``max_pending`` (NATS's default is 64 MiB; Tessera's configurations set
 :data:`proto.limits.NATS_MAX_PENDING`; every request buffered there is lost, and until the
 reconnect every request gets "no responders").
 
-Submits arrive on the service's connection, every other verb (status, list, cancel, retry,
-result, the dead-letter verbs) on a second connection of the gateway's own, same servers and
-user: nats-server writes each connection's messages in order, so on one connection a status
-waited behind every byte of a burst of large submits sent before it (measured: up to 0.6 s).
+Submits and the large asset verbs (``asset.chunk``, ``asset.manifest``) arrive on the service's
+connection, every other verb (status, list, cancel, retry, result, the dead-letter verbs,
+``asset.missing``) on a second connection of the gateway's own, same servers and user:
+nats-server writes each connection's messages in order, so on one connection a status waited
+behind every byte of a burst of large submits sent before it (measured: up to 0.6 s).
 A request is answered on the connection it arrived on. On stop the subscriptions go first, then
 in-flight requests get the grace period to finish and reply, then the second connection drains.
 """
@@ -33,6 +34,7 @@ from proto.api_replies import Reply, encode_reply
 from proto.limits import MAX_REPLY_BYTES
 from proto.names import ApiVerb
 from proto.replies import ErrorCode, error_reply, reply_for_exception
+from services.gateway.assets import AssetHandlers
 from services.gateway.control import ControlHandlers
 from services.gateway.dlq import DlqHandlers
 from services.gateway.handlers import Handlers
@@ -44,12 +46,16 @@ from shared.nats.jetstream import connect_nats
 from shared.service.requeue import Requeuer
 from shared.service.runtime import Runtime
 
-__all__ = ["CHECKER_MODULES", "Gateway", "Handler", "freeze_heap", "run"]
+__all__ = ["CHECKER_MODULES", "LARGE_VERBS", "Gateway", "Handler", "freeze_heap", "run"]
 
 Handler = Callable[[bytes, Mapping[str, str] | None], Awaitable[Reply]]
 """One verb: request body and headers in, its reply schema out (or a TesseraError)."""
-CHECKER_MODULES = ("services.gateway.handlers",)
-"""What a large submit's check imports in the worker process (the kernel's checks, numpy)."""
+CHECKER_MODULES = ("services.gateway.handlers", "services.gateway.assets")
+"""What a large submit's (or manifest's) check imports in the worker process (the kernel's
+checks, numpy)."""
+LARGE_VERBS = frozenset({ApiVerb.SUBMIT, ApiVerb.ASSET_CHUNK, ApiVerb.ASSET_MANIFEST})
+"""The verbs whose bodies may be large (an inline scene, an asset chunk or manifest): served
+on the service's connection; every other verb on the second one, which refuses large bodies."""
 
 
 def freeze_heap() -> None:
@@ -78,6 +84,12 @@ class Gateway:
         ttl = rt.settings.gateway.result_url_ttl
         self.results = ResultHandlers(rt.db, rt.store, reply_budget=budget, url_ttl=ttl)
         self.control = ControlHandlers(rt)
+        self.assets = AssetHandlers(
+            rt.store,
+            rt.log,
+            max_asset_bytes=rt.settings.gateway.asset_max_bytes,
+            intake=self.intake,
+        )
         self.routes: dict[str, Handler] = {
             rt.names.api_subject(verb): handler for verb, handler in self._verbs().items()
         }
@@ -105,6 +117,9 @@ class Gateway:
             ApiVerb.PROJECT_SET: c.project_set,
             ApiVerb.PROJECT_LIST: c.project_list,
             ApiVerb.PROJECT_SHOW: c.project_show,
+            ApiVerb.ASSET_MISSING: self.assets.missing,
+            ApiVerb.ASSET_CHUNK: self.assets.chunk,
+            ApiVerb.ASSET_MANIFEST: self.assets.manifest,
         }
 
     async def start(self) -> None:
@@ -116,10 +131,10 @@ class Gateway:
         self.small_nc = small = await self._connect_small()
         self.intake.start(*CHECKER_MODULES)
         msgs, size = self.intake.pending_limits(self.rt.nc.max_payload)
-        submit = self.rt.names.api_subject(ApiVerb.SUBMIT)
+        large = {self.rt.names.api_subject(verb) for verb in LARGE_VERBS}
         try:
             for subject in self.routes:
-                nc = self.rt.nc if subject == submit else small
+                nc = self.rt.nc if subject in large else small
                 sub = await nc.subscribe(
                     subject,
                     queue=self.rt.names.queue_group,
@@ -176,8 +191,9 @@ class Gateway:
         """A request that arrived on ``nc`` (and is answered there)."""
         await pause_point("gateway.received")
         if nc is not self.rt.nc and len(msg.data) >= self.intake.large_body_bytes:
-            # Only a submit carries a large body (an inline scene); anything else that large is
-            # refused unread, so it never parses on this loop nor takes a large-lane place.
+            # Only the LARGE_VERBS carry a large body (an inline scene, an asset chunk or
+            # manifest), and they arrive on the service's connection; anything else that large
+            # is refused unread, so it never parses on this loop nor takes a large-lane place.
             await self._refuse_large(msg, nc)
             return
         lane = self.intake.lane_for(len(msg.data))
@@ -197,7 +213,7 @@ class Gateway:
         reply = error_reply(
             ErrorCode.INVALID,
             f"a {msg.subject} request of {len(msg.data)} bytes: only submit takes a body of "
-            f"{self.intake.large_body_bytes} bytes or more",
+            f"{self.intake.large_body_bytes} bytes or more (and asset.chunk, asset.manifest)",
         )
         try:
             await nc.publish(msg.reply, reply)

@@ -27,7 +27,14 @@ from shared.objectstore.base import (
     sha256_hex,
 )
 from shared.objectstore.directory import DirectoryStore
-from shared.objectstore.keys import checkpoint_key, render_key, render_sha256, tile_result_key
+from shared.objectstore.keys import (
+    asset_chunk_key,
+    asset_manifest_key,
+    checkpoint_key,
+    render_key,
+    render_sha256,
+    tile_result_key,
+)
 
 if TYPE_CHECKING:
     from shared.objectstore.s3 import S3Store
@@ -40,6 +47,8 @@ __all__ = [
     "S3Store",
     "StoreAccessDenied",
     "StoreRejected",
+    "asset_chunk_key",
+    "asset_manifest_key",
     "check_key",
     "checkpoint_key",
     "open_object_store",

@@ -1,12 +1,14 @@
 """Object keys, built only from ids and digests (never from user text).
 
-======================  ===========================================  ======================
-builder                 key                                          written by
-======================  ===========================================  ======================
-:func:`checkpoint_key`  ``checkpoints/<job>/<tile>/<attempt>.npy``   one attempt (scoped)
-:func:`tile_result_key` ``tiles/<job>/<tile>/<sha256>.npy``          content-addressed
-:func:`render_key`      ``renders/<job>/<sha256>.<png|npy>``         content-addressed
-======================  ===========================================  ======================
+==========================  =============================================  ==================
+builder                     key                                            written by
+==========================  =============================================  ==================
+:func:`checkpoint_key`      ``checkpoints/<job>/<tile>/<attempt>.npy``     one attempt (scoped)
+:func:`tile_result_key`     ``tiles/<job>/<tile>/<sha256>.npy``            content-addressed
+:func:`render_key`          ``renders/<job>/<sha256>.<png|npy>``           content-addressed
+:func:`asset_chunk_key`     ``assets/chunks/<sha256>``                     content-addressed
+:func:`asset_manifest_key`  ``assets/manifests/<sha256>``                  content-addressed
+==========================  =============================================  ==================
 
 Content-addressed keys make racing writers harmless: they write the same bytes.
 """
@@ -55,3 +57,13 @@ def render_key(job_id: str, sha256: str, ext: str) -> str:
     if kind not in RENDER_EXTENSIONS:
         raise ValidationError(f"render extension {ext!r} is not one of {sorted(RENDER_EXTENSIONS)}")
     return f"renders/{check_token(job_id, 'job_id')}/{check_sha256(sha256)}.{kind}"
+
+
+def asset_chunk_key(sha256: str) -> str:
+    """Key of one chunk of an asset file (at most 4 MiB), addressed by its content hash."""
+    return f"assets/chunks/{check_sha256(sha256, 'chunk sha256')}"
+
+
+def asset_manifest_key(sha256: str) -> str:
+    """Key of an asset's manifest (canonical JSON, :mod:`proto.assets`), by its content hash."""
+    return f"assets/manifests/{check_sha256(sha256, 'manifest sha256')}"

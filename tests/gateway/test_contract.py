@@ -7,9 +7,11 @@ nested object those of its item schema): no more, none missing.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import typing
 from typing import Any
 
+import msgpack
 import orjson
 from nats.aio.client import Client as NATS
 
@@ -57,6 +59,10 @@ async def test_every_verb_s_reply_has_exactly_its_schema_s_fields(
     letter_job = new_job_id()
     await _dead_letter(runtime, letter_job, 0, source_seq=1)
     await runtime.js.publish(runtime.names.dlq_subject(letter_job, "job"), b"not msgpack")
+    scene = b"sphere { 0, 1 }"
+    digest = hashlib.sha256(scene).hexdigest()
+    file = {"path": "a.pov", "size": len(scene), "sha256": digest, "chunks": [digest]}
+    manifest = {"main": "a.pov", "files": [file]}
     bodies: dict[ApiVerb, dict[str, Any]] = {
         ApiVerb.SUBMIT: body(seed=1),
         ApiVerb.STATUS: {"job_id": job_id},
@@ -74,10 +80,17 @@ async def test_every_verb_s_reply_has_exactly_its_schema_s_fields(
         ApiVerb.PROJECT_SET: {"name": "gw", "weight": 2, "max_in_flight": 3, "actor": "t"},
         ApiVerb.PROJECT_LIST: {},  # "gw" has jobs and settings
         ApiVerb.PROJECT_SHOW: {"name": "gw"},
+        ApiVerb.ASSET_MISSING: {"chunks": [digest]},
+        ApiVerb.ASSET_CHUNK: {"sha256": digest, "data": scene},
+        ApiVerb.ASSET_MANIFEST: {"manifest": manifest, "renderer": "povray"},
     }
     assert set(bodies) == set(ApiVerb)
     for verb, request in bodies.items():
-        msg = await nc.request(names.api_subject(verb), orjson.dumps(request), timeout=10)
+        if verb is ApiVerb.ASSET_CHUNK:  # binary data: msgpack only
+            data, headers = msgpack.packb(request), {"Content-Type": "application/msgpack"}
+        else:
+            data, headers = orjson.dumps(request), None
+        msg = await nc.request(names.api_subject(verb), data, timeout=10, headers=headers)
         reply = orjson.loads(msg.data)
         assert reply.pop("ok") is True, (verb, reply)
         assert_shape(VERB_REPLIES[verb], reply, verb.value)

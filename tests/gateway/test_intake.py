@@ -27,7 +27,7 @@ from proto.replies import ApiError, ErrorCode
 from services.cli.local import ServiceProcesses
 from services.client.api import RequestTooLarge, TesseraClient
 from services.client.session import EXIT_UNAVAILABLE, EXIT_USAGE, exit_status
-from services.gateway.app import Gateway
+from services.gateway.app import LARGE_VERBS, Gateway
 from services.gateway.intake import Intake
 from shared.core import pauses
 from shared.core.config import Settings
@@ -194,11 +194,12 @@ async def test_the_small_verbs_are_served_on_a_connection_of_their_own(
     gw = Gateway(runtime)
     await gw.start()
     node = runtime.settings.node
-    submit = {names.api_subject(ApiVerb.SUBMIT)}
+    large = {names.api_subject(verb) for verb in LARGE_VERBS}  # submit, asset chunk/manifest
+    assert names.api_subject(ApiVerb.SUBMIT) in large
     try:
         subs = await _api_subscriptions(stack, names)
-        small = {names.api_subject(verb) for verb in ApiVerb} - submit
-        assert subs == {f"gateway:{node}": submit, f"gateway:{node}:small": small}
+        small = {names.api_subject(verb) for verb in ApiVerb} - large
+        assert subs == {f"gateway:{node}": large, f"gateway:{node}:small": small}
         assert gw.small_nc is not None and gw.small_nc is not runtime.nc
         reply = await raw_request(nc, names, ApiVerb.STATUS, orjson.dumps({"job_id": "nope"}))
         assert reply["error"]["code"] == "not_found"  # answered on the connection it came by

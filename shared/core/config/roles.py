@@ -103,6 +103,24 @@ class WorkerSettings:
         "comma-separated list such as `tessera,povray` (one not found: the worker does not start)",
         read_by="worker",
     )
+    #: where a worker keeps scene assets (Blender/POV-Ray files), one directory per asset
+    #: named by its manifest's sha256 (empty: ``~/.cache/tessera/assets``)
+    asset_cache_dir: str = _knob(
+        "",
+        "TESSERA_ASSET_CACHE_DIR",
+        "directory of a worker's scene asset cache, one subdirectory per asset sha256 "
+        "(empty: `~/.cache/tessera/assets/<TESSERA_NODE>`; one per worker process)",
+        read_by="worker",
+    )
+    #: bytes of assets kept there; least recently used assets not in use are removed first
+    asset_cache_bytes: int = _knob(
+        20 * 1024 * MiB,
+        "TESSERA_ASSET_CACHE_BYTES",
+        "bytes of scene assets a worker keeps on disk; the least recently used ones not in use "
+        "are removed first (assets in use may take it over the bound)",
+        read_by="worker",
+        minimum=1,
+    )
     #: job rows a worker caches (what tiles need of a job never changes)
     job_cache: int = _knob(
         256,
@@ -254,6 +272,15 @@ class GatewaySettings:
         16 * 1024,
         "TESSERA_GATEWAY_LARGE_BODY_BYTES",
         "request bodies of this size or more are large (decoded in the gateway's worker process)",
+        read_by="gateway",
+        minimum=1,
+    )
+    #: the most bytes of all files of one scene asset (``asset.manifest``)
+    asset_max_bytes: int = _knob(
+        2048 * MiB,
+        "TESSERA_ASSET_MAX_BYTES",
+        "the most bytes all files of one scene asset may have (`asset.manifest` refuses more; the "
+        "client learns it from `asset.missing`)",
         read_by="gateway",
         minimum=1,
     )
