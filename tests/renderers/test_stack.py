@@ -259,9 +259,10 @@ async def test_a_povray_tile_waits_for_a_worker_with_povray(stack: Stack) -> Non
     )
     # A tessera job submitted after it completes on the tessera worker: by then that worker
     # had every chance to take the POV-Ray tiles.
-    body = {"project": "renderers", "scene": "cornell", "width": 16, "height": 16, "spp": 2,
-            "tile_size": 16}  # fmt: skip
-    tessera_id = (await stack.client.submit(SubmitRequest(**body)))["job_id"]
+    tessera = SubmitRequest(
+        project="renderers", scene="cornell", width=16, height=16, spp=2, tile_size=16
+    )
+    tessera_id = (await stack.client.submit(tessera))["job_id"]
     assert (await settle(stack.client, tessera_id, stack.procs))["state"] == "completed"
     # (planned: the job is ``running``, every tile queued, none started)
     assert (await stack.client.status(pov_id))["state"] in ("queued", "running")
