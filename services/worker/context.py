@@ -10,9 +10,10 @@ from in-memory doubles.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections import OrderedDict
-from collections.abc import Container, Mapping
+from collections.abc import Container, Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -44,6 +45,7 @@ __all__ = [
     "TileContext",
     "TileEvents",
     "TileStore",
+    "Wakers",
     "control_stop",
 ]
 
@@ -164,9 +166,41 @@ def control_stop(control: JobControl) -> StopReason | None:
     return None
 
 
+class Wakers:
+    """Events of tile runs waiting, mid-pass, for news of their job (a cancel, a pause or a
+    failure announced): the worker wakes them all when such an event about the job arrives."""
+
+    def __init__(self) -> None:
+        self._by_job: dict[str, set[asyncio.Event]] = {}
+
+    @contextlib.contextmanager
+    def watch(self, job_id: str) -> Iterator[asyncio.Event]:
+        """An event set by every :meth:`wake` of ``job_id`` while the block runs."""
+        event = asyncio.Event()
+        self._by_job.setdefault(job_id, set()).add(event)
+        try:
+            yield event
+        finally:
+            events = self._by_job.get(job_id)
+            if events is not None:
+                events.discard(event)
+                if not events:
+                    del self._by_job[job_id]
+
+    def wake(self, job_id: str) -> None:
+        """Set the events of every tile run of ``job_id`` watching now."""
+        for event in self._by_job.get(job_id, ()):
+            event.set()
+
+    def watching(self, job_id: str) -> int:
+        """How many tile runs of ``job_id`` watch now (tests)."""
+        return len(self._by_job.get(job_id, ()))
+
+
 @dataclass(frozen=True)
 class StopView:
-    """The worker's stop requests, as a tile run may read them between passes."""
+    """The worker's stop requests, as a tile run reads them between passes and waits for them
+    during a pass that can be interrupted (:attr:`handing_back`, :attr:`wakers`)."""
 
     handing_back: asyncio.Event
     #: ids of jobs announced cancelled
@@ -175,6 +209,8 @@ class StopView:
     #: lettered): a hint to read the job's row now rather than at the next checkpoint (the
     #: row decides: a job paused and resumed since must not stop)
     changed: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    #: woken by the worker when a cancel or change of a job arrives (after recording it above)
+    wakers: Wakers = dataclasses.field(default_factory=Wakers)
 
     def reason(self, job_id: str) -> StopReason | None:
         """Why a tile of ``job_id`` should stop now, or ``None``."""

@@ -16,7 +16,7 @@ from nats.aio.msg import Msg
 
 from proto import names as n
 from services.worker import renderers
-from services.worker.context import JobCache, NatsTileEvents, StopView, TileContext
+from services.worker.context import JobCache, NatsTileEvents, StopView, TileContext, Wakers
 from services.worker.kernels import KernelThreads
 from services.worker.renderers.tessera import TesseraKernel
 from services.worker.scenes import AssetSource, SceneCache
@@ -60,6 +60,8 @@ class Worker:
         self.cancelled: OrderedDict[str, None] = OrderedDict()
         #: jobs announced paused, failed or dead-lettered: when (a hint to read their row)
         self.changed: OrderedDict[str, float] = OrderedDict()
+        #: tile runs waiting mid-pass for news of their job
+        self.wakers = Wakers()
         self.jobs = JobCache(rt.db, config.job_cache)
         self.context = TileContext(
             db=rt.db,
@@ -70,7 +72,7 @@ class Worker:
             jobs=self.jobs,
             scenes=self.scenes,
             renderers=self.renderers,
-            stop=StopView(self.handing_back, self.cancelled, self.changed),
+            stop=StopView(self.handing_back, self.cancelled, self.changed, self.wakers),
             metrics=rt.metrics,
             lease_config=rt.settings.leases,
             worker_config=config,
@@ -114,14 +116,17 @@ class Worker:
         self.cancelled[job_id] = None
         while len(self.cancelled) > self._cancel_memory:
             self.cancelled.popitem(last=False)
+        self.wakers.wake(job_id)  # a pass of its tiles in progress stops now
 
     async def _on_change(self, msg: Msg) -> None:
-        # Only a hint: the tiles of the job read its row at their next pass boundary.
+        # Only a hint: the tiles of the job read its row now (mid-pass if the pass can be
+        # interrupted, else at their next pass boundary).
         job_id = msg.subject.split(".")[-2]
         self.changed[job_id] = time.monotonic()
         self.changed.move_to_end(job_id)
         while len(self.changed) > self._cancel_memory:
             self.changed.popitem(last=False)
+        self.wakers.wake(job_id)  # a pass in progress reads the row now, not at its end
 
     async def handle(self, msg: Msg) -> None:
         """One delivery."""

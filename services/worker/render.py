@@ -10,6 +10,15 @@ row is read (cancelled, paused or ended: :func:`~services.worker.context.control
 checkpoint written. The loop
 ends :class:`Finished` or :class:`Stopped` with a :class:`~services.worker.context.StopReason`;
 the tile run commits or settles what that means.
+
+A pass of a renderer that can be interrupted (``Renderer.interruptible``: Blender, POV-Ray, a
+child process) is raced against the same signals *during* the pass: the heartbeat's ``lost``
+event, the worker's drain and the job's cancel, pause or failure events
+(:class:`~services.worker.context.Wakers`). When one fires the render call is cancelled (the
+renderer kills its process group) and the loop stops at the pass's start: the pass renders into
+a scratch accumulator added to the tile's only when it completes, so the partial pass is
+discarded and the tile resumes from its last checkpoint. The numba kernel's passes run on
+threads that cannot be stopped; they are awaited directly as before (no task per pass).
 """
 
 from __future__ import annotations
@@ -19,6 +28,8 @@ import bisect
 import time
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from kernel.rect import Rect
 from services.worker.checkpoints import Checkpoints
@@ -79,18 +90,18 @@ class Render:
         if plan is not None:
             plan = check_plan(plan, job.spp)
         rect: Rect = self.tile.rect
+        interruptible = self.renderer.interruptible
         samples, size = cp.resumed_from, tuning.samples_per_pass
         last_checkpoint = self._last_read = time.monotonic()
         while samples < job.spp:
-            if why := self._stop_reason():
-                return Stopped(why, samples)
-            # An event says the job was paused or failed: its row decides, now.
-            changed = self.ctx.stop.changed_since(job.job_id, self._last_read)
-            if changed and (why := await self._job_stop()):
+            if why := await self._stop_now():
                 return Stopped(why, samples)
             end = min(job.spp, samples + size) if plan is None else _next_end(plan, samples)
             started = time.monotonic()
-            await self._pass(prepared, rect, samples, end, acc)
+            if not interruptible:
+                await self._pass(prepared, rect, samples, end, acc)
+            elif why := await self._raced_pass(prepared, rect, samples, end, acc):
+                return Stopped(why, samples)  # the partial pass is discarded
             if plan is None:
                 size = pass_size(end - samples, time.monotonic() - started, tuning)
             samples = end
@@ -111,10 +122,59 @@ class Render:
         self._last_read = time.monotonic()
         return control_stop(await self.ctx.db.job_control(self.job.job_id))
 
+    async def _stop_now(self) -> StopReason | None:
+        """Lease lost, drain or cancel; or an event says the job was paused or failed: then
+        its row decides, now (a job paused and resumed since goes on)."""
+        if why := self._stop_reason():
+            return why
+        if self.ctx.stop.changed_since(self.job.job_id, self._last_read):
+            return await self._job_stop()
+        return None
+
     def _stop_reason(self) -> StopReason | None:
         if self.beat.lost.is_set():
             return StopReason.LEASE_LOST
         return self.ctx.stop.reason(self.job.job_id)
+
+    async def _raced_pass(
+        self, prepared: Any, rect: Rect, start: int, end: int, acc: Accumulator
+    ) -> StopReason | None:
+        """One pass raced against the stop signals: ``None`` once it is added to ``acc``, or
+        why it was cancelled (``acc`` untouched). The renderer's own failure propagates."""
+        scratch = np.zeros_like(acc)
+        with self.ctx.stop.wakers.watch(self.job.job_id) as woken:
+            render = asyncio.ensure_future(self._pass(prepared, rect, start, end, scratch))
+            watch = asyncio.ensure_future(self._watch(woken))
+            try:
+                await asyncio.wait({render, watch}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                # (also when this task is cancelled: the pass must not outlive the attempt)
+                for task in (watch, render):
+                    while not task.done():
+                        task.cancel()
+                        await asyncio.wait({task})
+        if not render.cancelled():
+            render.result()  # the renderer's Terminal/RetryableError, or Stalled
+            acc += scratch  # (0 + x is x: the same bits as rendering into acc)
+            return None
+        return watch.result()
+
+    async def _watch(self, woken: asyncio.Event) -> StopReason:
+        """Returns once the tile should stop: lease lost, drain, cancel, or the job's row says
+        so after an event about the job (a pause or resume: the row decides)."""
+        waits = [self.beat.lost, self.ctx.stop.handing_back, woken]
+        tasks = [asyncio.ensure_future(event.wait()) for event in waits]
+        try:
+            while True:
+                woken.clear()
+                if why := await self._stop_now():
+                    return why
+                await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                if tasks[2].done():
+                    tasks[2] = asyncio.ensure_future(woken.wait())
+        finally:
+            for task in tasks:
+                task.cancel()
 
     async def _pass(
         self, prepared: Any, rect: Rect, start: int, end: int, acc: Accumulator

@@ -32,7 +32,13 @@ from services.worker.checkpoints import Checkpoints
 from services.worker.context import StopReason, TileContext
 from services.worker.render import Finished, Render, Stopped, pass_size
 from shared.core import crash
-from shared.core.errors import DecodeError, RetryableError, TerminalError, TesseraError
+from shared.core.errors import (
+    DecodeError,
+    RetryableError,
+    TerminalError,
+    TesseraError,
+    with_detail,
+)
 from shared.core.lifecycle import IllegalTransition, JobState, TileState, TileTrigger, is_terminal
 from shared.core.tiles import Accumulator, to_npy
 from shared.metadata import AttemptOutcome, CommitOutcome, Job, Tile, TileCommit
@@ -397,6 +403,7 @@ class TileRun:
             with contextlib.suppress(RetryableError):
                 await self._end_attempt(AttemptOutcome.LEASE_LOST, exc.code, str(exc))
         elif isinstance(outcome, Retry) and isinstance(exc, RetryableError):
+            # (a renderer's crash by signal or timeout: its stderr tail goes with the attempt)
             await self._retryable(tm, exc, outcome.delay)
         elif isinstance(outcome, DeadLetter) and isinstance(exc, TerminalError):
             self.log.error("terminal failure", error=str(exc), code=exc.code)
@@ -418,10 +425,10 @@ class TileRun:
                 await self.ctx.db.fail_tile(
                     tm.job_id, tm.tile_index, token=self.token, attempt_id=self.attempt_id,
                     trigger=TileTrigger.RETRYABLE_FAILURE, error_code=exc.code,
-                    error=str(exc), node=self.ctx.node, outcome="retryable",
+                    error=with_detail(exc), node=self.ctx.node, outcome="retryable",
                 )  # fmt: skip
             except IllegalTransition:  # the tile moved on (e.g. done): close the attempt
-                await self._end_attempt(AttemptOutcome.RETRYABLE, exc.code, str(exc))
+                await self._end_attempt(AttemptOutcome.RETRYABLE, exc.code, with_detail(exc))
 
     async def _terminal(self, tm: TileMessage, exc: TerminalError) -> None:
         """Recorded between the DLQ copy and the term: tile and job failed for good."""
@@ -429,12 +436,12 @@ class TileRun:
             await self.ctx.db.fail_tile(
                 tm.job_id, tm.tile_index, token=self.token,
                 attempt_id=self.attempt_id if self.token is not None else None,
-                trigger=TileTrigger.TERMINAL_FAILURE, error_code=exc.code, error=str(exc),
-                node=self.ctx.node, outcome="terminal",
+                trigger=TileTrigger.TERMINAL_FAILURE, error_code=exc.code,
+                error=with_detail(exc), node=self.ctx.node, outcome="terminal",
             )  # fmt: skip
         except IllegalTransition:  # e.g. failed before it was ever leased, or the tile moved on
             with contextlib.suppress(RetryableError):
-                await self._end_attempt(AttemptOutcome.TERMINAL, exc.code, str(exc))
+                await self._end_attempt(AttemptOutcome.TERMINAL, exc.code, with_detail(exc))
         await self.ctx.events.job_failed(tm.job_id, exc)
 
 

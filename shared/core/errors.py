@@ -22,10 +22,24 @@ from __future__ import annotations
 class TesseraError(Exception):
     """Base of every error Tessera raises on purpose.
 
-    ``code`` is the stable, machine-readable name used in API replies and metrics.
+    ``code`` is the stable, machine-readable name used in API replies and metrics. ``detail``
+    is a longer account kept with the failure where it is recorded (the attempt row, the dead
+    letter), bounded by whoever sets it: a renderer's stderr tail (at most 4 KiB).
     """
 
     code = "internal"
+    detail = ""
+
+
+DETAIL_SEPARATOR = "\n--- detail ---\n"
+"""Between an error's message and its :attr:`TesseraError.detail` in :func:`with_detail`."""
+
+
+def with_detail(exc: BaseException, limit: int = 4000) -> str:
+    """``str(exc)`` (at most ``limit`` characters), then its ``detail`` if it has one."""
+    message = str(exc)[:limit]
+    detail = exc.detail if isinstance(exc, TesseraError) else ""
+    return f"{message}{DETAIL_SEPARATOR}{detail}" if detail else message
 
 
 class RetryableError(TesseraError):

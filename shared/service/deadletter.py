@@ -11,26 +11,29 @@ from nats.aio.msg import Msg
 
 from proto import names as n
 from proto.messages import DeadLetter
-from shared.core.errors import TesseraError
+from shared.core.errors import TesseraError, with_detail
 from shared.nats.jetstream import publish
 from shared.service.runtime import Runtime
 
 __all__ = ["dead_letter", "dead_letter_raw"]
 
 UNKNOWN_JOB = "unknown"
+#: characters of a letter's error kept: a message (4000) and a detail (a 4 KiB stderr tail)
+MAX_ERROR = 8192
 
 
 async def dead_letter(
     rt: Runtime, msg: Msg, *, job_id: str | None, unit: str, error: TesseraError
 ) -> None:
-    """Copy a delivered message to the DLQ with ``error``'s code and message."""
+    """Copy a delivered message to the DLQ with ``error``'s code, message and detail (a
+    renderer's stderr tail)."""
     meta = msg.metadata
     await dead_letter_raw(
         rt,
         job_id=job_id,
         unit=unit,
         reason=error.code,
-        error=str(error),
+        error=with_detail(error),
         stream=meta.stream,
         seq=meta.sequence.stream,
         deliveries=meta.num_delivered,
@@ -58,7 +61,7 @@ async def dead_letter_raw(
         job_id=job,
         unit=unit,
         reason=reason[:64],
-        error=error[:4000],
+        error=error[:MAX_ERROR],
         source_stream=stream,
         source_seq=seq,
         deliveries=deliveries,

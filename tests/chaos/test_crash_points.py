@@ -48,13 +48,22 @@ CASES: dict[str, tuple[int, dict[str, str], dict[str, Any]]] = {
 }
 
 
-#: points inside a renderer pass, killed by tests that drive the renderer directly (a Blender job
-#: through the whole stack needs the renderer routing of issue 17 in the worker)
-RENDERER_CASES = {"worker.blender_mid_pass": "tests/renderers/test_no_orphans.py"}
+#: points inside a renderer pass: the full-stack scenario (a worker SIGKILLed there while its
+#: Blender renders leaves no Blender behind, a second worker finishes the tile bit-identically)
+#: lives with the renderer tests, which need the real ``blender`` binary and a scene asset
+RENDERER_CASES = {
+    "worker.blender_mid_pass": "tests/renderers/test_stack.py::"
+    "test_a_worker_sigkilled_inside_a_blender_pass_leaves_no_blender",
+}
 
 
 def test_every_point_has_a_scenario() -> None:
     assert set(CASES) | set(RENDERER_CASES) == crash.POINTS
+    root = Path(__file__).resolve().parents[2]
+    for point, node in RENDERER_CASES.items():
+        path, _, test = node.partition("::")
+        source = (root / path).read_text()
+        assert f"def {test}(" in source and point in source, f"{point}: {node} is not there"
 
 
 @pytest.mark.parametrize("point", sorted(CASES))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from services.worker.scenes import SceneCache
 from services.worker.tile import TileRun
 from shared.core.config import LeaseSettings, WorkerSettings
 from shared.core.errors import LeaseLost, StoreUnavailable, TerminalError
-from shared.core.lifecycle import TileState
+from shared.core.lifecycle import JobTrigger, TileState
 from shared.core.retry import RetryPolicy
 from shared.core.tiles import Accumulator
 from shared.metadata import AttemptOutcome, CommitOutcome, Job, TileCommit
@@ -398,3 +399,98 @@ async def test_a_fixed_pass_plan_is_followed_and_an_off_plan_checkpoint_dropped(
         assert again.resumed_from == 3 and planned.ran == [(0, 3), (3, 4)]
     else:  # 3 samples end no pass of the plan now: not resumed
         assert again.resumed_from == 0 and planned.ran == [(0, 3), (0, 2), (2, 4)]
+
+
+class Interruptible(HookedKernels):
+    """The kernel as an interruptible renderer (like Blender): its second pass never ends
+    unless cancelled, and writes garbage into the accumulator it was given before blocking."""
+
+    interruptible = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocked = asyncio.Event()
+        self.cancelled = 0
+
+    async def render(
+        self, prepared: kernel.Prepared, rect: Rect, start: int, end: int, acc: Accumulator
+    ) -> None:
+        if start == 0:
+            await super().render(prepared, rect, start, end, acc)
+            return
+        acc += 1e6  # a partial pass: must never reach the tile's accumulator
+        self.blocked.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+
+async def _mid_pass(tmp_path: Path) -> tuple[Rig, Interruptible]:
+    rig = await _rig(tmp_path)
+    renderer = Interruptible()
+    rig.ctx = dataclasses.replace(rig.ctx, renderers={renderer.name: renderer})
+    return rig, renderer
+
+
+async def _when_blocked(renderer: Interruptible, then: Callable[[], Awaitable[None]]) -> None:
+    await asyncio.wait_for(renderer.blocked.wait(), 30)
+    await then()
+
+
+@pytest.mark.parametrize("signal", ["drain", "cancel", "pause", "lease_lost"])
+async def test_a_pass_that_can_be_interrupted_is_cancelled_mid_way(
+    tmp_path: Path, signal: str
+) -> None:
+    """Drain, cancel, pause and lease loss cancel a pass of an interruptible renderer while it
+    runs (it would never end otherwise); its partial samples are discarded."""
+    rig, renderer = await _mid_pass(tmp_path)
+    job_id = rig.job.job_id
+
+    async def fire() -> None:
+        if signal == "drain":
+            rig.handing_back.set()
+        elif signal == "cancel":
+            await rig.db.request_cancel(job_id)
+            rig.cancelled.add(job_id)
+            rig.ctx.stop.wakers.wake(job_id)
+        elif signal == "pause":
+            await rig.db.transition_job(job_id, JobTrigger.PAUSE)
+            assert isinstance(rig.ctx.stop.changed, dict)
+            rig.ctx.stop.changed[job_id] = time.monotonic()
+            rig.ctx.stop.wakers.wake(job_id)
+        else:
+            rig.leases.expire(rig.lease_key())
+
+    trigger = asyncio.create_task(_when_blocked(renderer, fire))
+    _, d = await rig.run()
+    await trigger
+    assert renderer.cancelled == 1, "the pass was cancelled, not awaited to its end"
+    assert rig.ctx.stop.wakers.watching(job_id) == 0
+    outcomes = await rig.outcomes()
+    if signal == "drain":
+        assert (d.settled, outcomes) == ("nak", [AttemptOutcome.HANDED_BACK])
+    elif signal == "cancel":
+        assert (d.settled, outcomes) == ("ack", [AttemptOutcome.CANCELLED])
+    elif signal == "pause":
+        assert (d.settled, outcomes) == ("ack", [AttemptOutcome.PAUSED])
+    else:
+        assert (d.settled, outcomes) == (None, [AttemptOutcome.LEASE_LOST])
+    found = await rig.pointers.get(n.progress_key(job_id, 0))
+    if signal in ("drain", "pause"):  # checkpointed at the pass's start
+        assert found is not None and found[0].samples_done == 1
+    if signal == "drain":  # resumed: the result equals an uninterrupted render's, bit for bit
+        plain = HookedKernels()
+        rig.ctx = dataclasses.replace(rig.ctx, renderers={plain.name: plain})
+        rig.handing_back.clear()
+        again, d2 = await rig.run()
+        assert d2.settled == "ack" and again.resumed_from == 1
+        reference = await _rig(tmp_path / "reference")
+        await reference.run()
+        ours, theirs = (
+            await rig.db.get_tile(job_id, 0),
+            await reference.db.get_tile(reference.job.job_id, 0),
+        )
+        assert ours is not None and theirs is not None
+        assert ours.result_sha256 == theirs.result_sha256, "the partial pass left no trace"

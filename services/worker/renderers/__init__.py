@@ -15,6 +15,8 @@ The interface (exact signatures; ``Prepared`` is the renderer's own, opaque to t
         version: str     # the renderer's own version ("1.0.0", "3.4.1", "3.7.0.10"): part of
                          # every checkpoint's hash, so a checkpoint made by another version of
                          # the renderer is never resumed
+        interruptible: bool  # a pass may be cancelled mid-way (a child process, killed):
+                             # the render loop then races it against the stop signals
 
         async def prepare(self, job: Job, asset_dir: pathlib.Path | None) -> Prepared
         async def render(self, prepared: Prepared, rect: Rect, start: int, end: int,
@@ -40,6 +42,12 @@ The interface (exact signatures; ``Prepared`` is the renderer's own, opaque to t
     tile is bit-identical to an uninterrupted one. The call may be cancelled (the watchdog's
     ``progress_timeout``, the worker going away): a renderer with a child process then kills it
     (its whole process group) before the cancellation propagates; ``acc`` is discarded then.
+``interruptible``
+    True if cancelling :meth:`render` stops the pass at once (Blender, POV-Ray: the process group
+    is killed). The render loop then races each pass against the lease's loss, the worker's
+    drain and the job's cancel/pause/failure, and discards a pass it cancelled (it renders into
+    a scratch accumulator added to the tile's on completion). False for the numba kernel: its
+    threads cannot be stopped, so its passes are awaited directly and checked between.
 ``passes(job)``
     The pass plan, or ``None`` to let the render loop size passes adaptively (the numba kernel:
     ``TESSERA_SAMPLES_PER_PASS`` first, then about ``TESSERA_PASS_SECONDS`` each). A plan is
@@ -115,6 +123,7 @@ class Renderer(Protocol):
 
     name: str
     version: str
+    interruptible: bool
 
     async def prepare(self, job: Job, asset_dir: pathlib.Path | None) -> Any:
         """The job's scene, loaded once (cached by the worker per renderer and job)."""

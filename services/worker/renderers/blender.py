@@ -226,6 +226,7 @@ class BlenderRenderer:
     """The ``blender`` renderer: ``slots`` Blender processes, each rendering one pass at a time."""
 
     name = NAME
+    interruptible = True  # a cancelled pass kills its process group
 
     def __init__(
         self,

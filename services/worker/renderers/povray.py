@@ -169,6 +169,7 @@ class PovrayRenderer:
     """The ``povray`` renderer: a process per tile, at most ``slots`` at a time."""
 
     name = NAME
+    interruptible = True  # a cancelled pass kills its process group
 
     def __init__(
         self,

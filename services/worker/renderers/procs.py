@@ -3,7 +3,8 @@
 Every Blender or POV-Ray process runs in its own session (so its whole process group can be
 killed by PID, with whatever it spawned) and asks the kernel to SIGKILL it when the worker dies
 (``PR_SET_PDEATHSIG``), so a SIGKILLed worker leaves no renderer behind. Its stderr is drained
-into a bounded tail that goes with the failure it explains::
+into a bounded tail that goes with the failure it explains (its ``detail``: stored with the
+attempt, in ``attempts.error`` after the message, and in the dead letter's ``error``)::
 
     RetryableError
     ├── RendererCrashed   the process died by a signal (or once with a non-zero exit)
@@ -50,7 +51,8 @@ class RendererFailed(TerminalError):
     def __init__(self, message: str, *, renderer: str, stderr_tail: str = "") -> None:
         super().__init__(f"{renderer}: {message}")
         self.renderer = renderer
-        self.stderr_tail = stderr_tail
+        # kept with the attempt and the dead letter (TesseraError.detail), bounded
+        self.stderr_tail = self.detail = stderr_tail[-STDERR_TAIL_BYTES:]
 
 
 class RendererCrashed(RetryableError):
@@ -63,7 +65,8 @@ class RendererCrashed(RetryableError):
     ) -> None:
         super().__init__(f"{renderer}: {message}")
         self.renderer = renderer
-        self.stderr_tail = stderr_tail
+        # kept with the attempt and the dead letter (TesseraError.detail), bounded
+        self.stderr_tail = self.detail = stderr_tail[-STDERR_TAIL_BYTES:]
         #: True when a signal killed it (retryable for good), False for a first non-zero exit
         self.signalled = signalled
 
@@ -76,7 +79,8 @@ class RendererTimeout(RetryableError):
     def __init__(self, message: str, *, renderer: str, stderr_tail: str = "") -> None:
         super().__init__(f"{renderer}: {message}")
         self.renderer = renderer
-        self.stderr_tail = stderr_tail
+        # kept with the attempt and the dead letter (TesseraError.detail), bounded
+        self.stderr_tail = self.detail = stderr_tail[-STDERR_TAIL_BYTES:]
 
 
 def _death_guard() -> Callable[[], None]:

@@ -46,6 +46,7 @@ class TesseraKernel:
 
     name = TESSERA
     version = KERNEL_VERSION
+    interruptible = False  # numba threads cannot be stopped mid-pass
 
     def __init__(self, slots: int) -> None:
         self.threads = KernelThreads(slots)
