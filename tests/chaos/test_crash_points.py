@@ -54,6 +54,13 @@ CASES: dict[str, tuple[int, dict[str, str], dict[str, Any]]] = {
 RENDERER_CASES = {
     "worker.blender_mid_pass": "tests/renderers/test_stack.py::"
     "test_a_worker_sigkilled_inside_a_blender_pass_leaves_no_blender",
+    # points on the pause path: reached only when a job is paused mid-tile; the scenario (a
+    # worker SIGKILLed there, a second one hands the tile back, resumed it continues from the
+    # pause checkpoint, the image bit-identical) is parametrised over both points
+    "worker.after_pause_checkpoint": "tests/e2e/test_pause.py::"
+    "test_a_worker_killed_while_its_tile_pauses_loses_nothing",
+    "worker.before_unrelease": "tests/e2e/test_pause.py::"
+    "test_a_worker_killed_while_its_tile_pauses_loses_nothing",
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from nats.aio.client import Client as NATS
 
 from proto import names as n
@@ -146,7 +147,9 @@ async def test_a_tiles_message_of_a_paused_job_is_handed_back_and_never_lost(
     assert await result_bytes(objects, final) == reference_png(body)
 
 
+@pytest.mark.parametrize("point", ["worker.after_pause_checkpoint", "worker.before_unrelease"])
 async def test_a_worker_killed_while_its_tile_pauses_loses_nothing(
+    point: str,
     services: ServiceProcesses,
     client: TesseraClient,
     objects: ObjectStore,
@@ -154,12 +157,13 @@ async def test_a_worker_killed_while_its_tile_pauses_loses_nothing(
     nc: NATS,
     e2e_settings: Settings,
 ) -> None:
-    # worker-1 dies right after its pause checkpoint, before handing the tile back: the tile is
-    # left leased by a dead owner. worker-2 gets the message again (ack_wait), takes the
-    # expired lease, hands the tile back unreleased; resumed, it continues from that checkpoint.
+    # worker-1 dies right after its pause checkpoint (at either point), before handing the tile
+    # back: the tile is left leased by a dead owner. worker-2 gets the message again (ack_wait),
+    # takes the expired lease, hands the tile back unreleased; resumed, it continues from that
+    # checkpoint.
     services.start_all(workers=0)
     one = services.start("worker", name="worker-1",
-                         env={"TESSERA_CRASH_AT": "worker.after_pause_checkpoint"})  # fmt: skip
+                         env={"TESSERA_CRASH_AT": point})  # fmt: skip
     body = request(width=16, height=16, tile_size=16, spp=3000)  # one tile
     job_id = (await submit(client, body))["job_id"]
     await eventually(lambda: rendering(db, job_id), timeout=90, what="the tile in flight")
