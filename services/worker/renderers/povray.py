@@ -195,6 +195,14 @@ class PovrayRenderer:
         options = tuple(check_povray_options(job.scene.get("options", [])))
         return PovrayScene(asset_dir / job.scene["main"], job.width, job.height, job.spp, options)
 
+    def nbytes(self, prepared: PovrayScene) -> int:
+        """Bytes the scene cache counts for ``prepared``: its main file's size (the renderer's
+        process holds the scene, this process only its path and settings)."""
+        try:
+            return prepared.path.stat().st_size
+        except OSError:
+            return 0
+
     def passes(self, job: Any) -> tuple[int, ...]:
         """One pass of all samples: POV-Ray renders a tile once."""
         return (job.spp,)
