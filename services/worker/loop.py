@@ -10,6 +10,7 @@ from nats.aio.msg import Msg
 from proto import names as n
 from services.worker.context import JobCache, NatsTileEvents, StopView, TileContext
 from services.worker.kernels import KernelThreads
+from services.worker.presence import Presence
 from services.worker.scenes import SceneCache
 from services.worker.tile import TileRun
 from shared.metadata import Job
@@ -42,6 +43,11 @@ class Worker:
         #: jobs announced cancelled (job-cancelled events); bounded, oldest forgotten first
         self.cancelled: OrderedDict[str, None] = OrderedDict()
         self.jobs = JobCache(rt.db, config.job_cache)
+        #: subjects of the TILES messages in hand (``tessera top`` shows their tiles)
+        self.current: dict[int, str] = {}
+        self.presence = Presence(
+            rt, threads=self.slots, in_hand=self.in_hand, current=self._current_tiles
+        )
         self.context = TileContext(
             db=rt.db,
             leases=rt.leases,
@@ -65,6 +71,7 @@ class Worker:
         cancels = await self.rt.nc.subscribe(
             self.rt.names.event_filter(n.EventKind.JOB_CANCELLED), cb=self._on_cancel
         )
+        announcer = asyncio.create_task(self.presence.run(stop), name="presence")
         try:
             await consume(
                 self.rt.js,
@@ -78,6 +85,8 @@ class Worker:
                 on_stop=self.handing_back.set,
             )
         finally:
+            stop.set()  # also when consume failed: the announcer deletes the key and ends
+            await announcer
             await cancels.unsubscribe()
             self.kernels.executor.shutdown(wait=False, cancel_futures=True)
 
@@ -90,7 +99,20 @@ class Worker:
 
     async def handle(self, msg: Msg) -> None:
         """One delivery."""
-        await TileRun(self.context, Delivery.of(self.rt, msg)).run()
+        self.current[id(msg)] = msg.subject
+        try:
+            await TileRun(self.context, Delivery.of(self.rt, msg)).run()
+        finally:
+            self.current.pop(id(msg), None)
+
+    def _current_tiles(self) -> list[list[object]]:
+        """``[job_id, tile_index]`` of the messages in hand."""
+        pairs: list[tuple[str, int]] = []
+        for subject in list(self.current.values()):
+            job_id = n.job_of_tile_subject(subject)
+            if job_id is not None:
+                pairs.append((job_id, int(subject.rsplit(".", 1)[1])))
+        return [[job_id, index] for job_id, index in sorted(pairs)]
 
     async def job(self, job_id: str) -> Job | None:
         """The job row, from the worker's cache (:class:`~services.worker.context.JobCache`)."""

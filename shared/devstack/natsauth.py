@@ -11,9 +11,11 @@ user           may
 gateway        serve ``tessera.api.>`` in its queue group and reply (``allow_responses``);
                publish JOBS messages and job-cancelled/-retried events; read and purge DLQ
 scheduler      consume JOBS and ADVISORIES; publish TILES, DLQ copies, job-dead-lettered;
-               read/delete messages of JOBS/TILES (exhausted deliveries, sweeper); read leases;
+               read/delete messages of JOBS/TILES (exhausted deliveries, sweeper); read leases
+               and live workers; hear tile-done events (the dispatcher's nudge);
                **create and update the topology** (the topology owner, see below)
-worker         consume TILES; read/write tile leases and progress pointers; publish tile-done,
+worker         consume TILES; read/write tile leases, progress pointers and its live-worker
+               key (``worker.>``); publish tile-done,
                job-failed/-dead-lettered events and DLQ copies; hear job-cancelled events
 finalizer      consume EVENTS tile-done; read/write ``final.<job>`` leases; publish
                job-completed/-failed events and DLQ copies
@@ -118,6 +120,7 @@ def permissions(
     topo = Topology(prefix=nm.prefix)
     s = nm.stream
     leases, progress = nm.bucket(n.BUCKET_LEASES), nm.bucket(n.BUCKET_PROGRESS)
+    workers = nm.bucket(n.BUCKET_WORKERS)
     ev = nm.event_filter
     dlq = nm.dlq_subjects
 
@@ -142,11 +145,13 @@ def permissions(
             f"{API}.STREAM.MSG.GET.{s(n.STREAM_EVENTS)}",
             *(f"{API}.STREAM.MSG.DELETE.{s(b)}" for b in (n.STREAM_JOBS, n.STREAM_TILES)),
             f"{API}.STREAM.MSG.GET.KV_{leases}",
+            f"{API}.STREAM.MSG.GET.KV_{workers}",
         ],
         "worker": [
             *_consume(s(n.STREAM_TILES), n.CONSUMER_WORKERS),
             *_kv(leases, "tile.>"),
             *_kv(progress, "tile.>"),
+            *_kv(workers, "worker.>"),
             ev(n.EventKind.TILE_DONE),
             ev(n.EventKind.JOB_FAILED),
             ev(n.EventKind.JOB_DEAD_LETTERED),
@@ -179,6 +184,8 @@ def _service_subscriptions(nm: n.Names) -> dict[str, list[str]]:
         # a queue permission: the gateway can serve the API, not eavesdrop on it
         "gateway": [f"{nm.api_subjects} {nm.queue_group}"],
         "worker": [nm.event_filter(n.EventKind.JOB_CANCELLED)],
+        # the dispatcher's nudge: a tile finished, a worker has room
+        "scheduler": [nm.tile_done_filter],
     }
 
 
