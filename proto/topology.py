@@ -67,7 +67,8 @@ DESCRIPTIONS: dict[str, str] = {
     "renderers {name: version}, version, started_at, current [[job, tile], ...]}, put with a "
     "TTL and refreshed every few seconds by each worker, deleted on a clean stop. Read by the "
     "scheduler's dispatcher (the release window) and tessera top.",
-    n.CONSUMER_SCHEDULER_JOBS: "Scheduler: plans each job into tiles and publishes them to TILES.",
+    n.CONSUMER_SCHEDULER_JOBS: "Scheduler: plans each job into tile rows; its dispatcher "
+    "releases them into TILES as workers have room.",
     n.CONSUMER_WORKERS: "Workers: render one tile per message, commit it, publish tile-done.",
     n.CONSUMER_FINALIZER: "Finalizer: tile-done events; assembles a job's image once every "
     "tile is done, then publishes job-completed.",
