@@ -260,8 +260,12 @@ class MemoryMetadata:
         done: list[float] = []
         for a in self.attempt_rows.values():
             tile = self.tiles.get((a.job_id, a.tile_index or 0))
-            working = tile is not None and tile.state in (TileState.LEASED, TileState.PROGRESSING)
-            open_and_held = a.ended_at is None and working and tile.lease_fence == a.fence
+            open_and_held = (
+                a.ended_at is None
+                and tile is not None
+                and tile.state in (TileState.LEASED, TileState.PROGRESSING)
+                and tile.lease_fence == a.fence
+            )
             if a.kind != "tile" or not (open_and_held or (a.ended_at or since) > since):
                 continue
             end = a.ended_at or now

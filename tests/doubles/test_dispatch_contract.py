@@ -4,6 +4,8 @@ and jobs that are not dispatchable."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from shared.core.lifecycle import TileState
 from shared.metadata import Job, Tile, TileCommit
 from tests.doubles.conftest import Meta
@@ -12,7 +14,7 @@ from tests.metadata.conftest import RECTS, make_new_job
 CAP = {"tessera": 100}
 
 
-async def _job(meta: Meta, **over: object) -> Job:
+async def _job(meta: Meta, **over: Any) -> Job:
     job = (await meta.submit_job(make_new_job(**over))).job
     await meta.plan_tiles(job.job_id, RECTS)
     return job

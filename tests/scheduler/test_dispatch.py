@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from typing import Any
 
 import asyncpg
 
@@ -18,7 +19,7 @@ from proto.messages import JobMessage
 from services.scheduler.dispatch import Dispatcher
 from services.scheduler.planner import Planner
 from shared.core.lifecycle import TileState
-from shared.metadata import MetadataStore
+from shared.metadata import MetadataStore, Tile
 from shared.nats.presence import LiveWorkers, WorkerInfo
 from shared.service.runtime import Runtime
 from tests.helpers import eventually
@@ -28,7 +29,7 @@ TILES = 48
 """A 64x48 job with 8-pixel tiles."""
 
 
-async def _job(rt: Runtime, project: str = "demo", **over: object) -> str:
+async def _job(rt: Runtime, project: str = "demo", **over: Any) -> str:
     """A submitted job of ``project`` with its 48 tiles planned (unreleased)."""
     new = make_new_job(tile_size=8, spp=1, project=project, **over)
     job_id = (await rt.db.submit_job(new)).job.job_id
@@ -49,8 +50,8 @@ async def _messages(rt: Runtime) -> int:
     return int(info.state.messages)
 
 
-def _by_job(tiles: list[object]) -> Counter[str]:
-    return Counter(getattr(t, "job_id") for t in tiles)  # noqa: B009
+def _by_job(tiles: list[Tile]) -> Counter[str]:
+    return Counter(t.job_id for t in tiles)
 
 
 async def test_weights_split_a_round_two_to_one(runtime: Runtime) -> None:
