@@ -337,3 +337,16 @@ async def test_the_heartbeat_extends_the_delivery(rig: Rig):
     rig.kernels.after_pass = hold
     await rig.run(d)
     assert d.settled == "ack"
+
+
+async def test_a_superseded_generation_is_dropped_and_the_current_one_renders(rig: Rig):
+    """Released again (generation 1) after a message of generation 0 went out: the old copy is
+    acked without a lease or an attempt; the current one renders."""
+    released = await rig.db.release_tiles({"tessera": 1}, limit=1, usage_window=300)
+    assert [t.generation for t in released.tiles] == [1]
+    old, d = await rig.run(FakeDelivery(TileMessage(rig.job.job_id, 0, 0).encode()))
+    assert d.settled == "ack" and old.token is None, "nothing leased for a superseded message"
+    assert await rig.outcomes() == [] and await rig.tile_state() is TileState.QUEUED
+    assert rig.count("tessera_superseded_messages_total") == 1
+    _, current = await rig.run(FakeDelivery(TileMessage(rig.job.job_id, 0, 1).encode()))
+    assert current.settled == "ack" and await rig.tile_state() is TileState.DONE
