@@ -42,6 +42,7 @@ from services.cli.local import ServiceProcesses
 from services.client.api import TesseraClient
 from shared.core.config import Settings
 from shared.devstack.stack import Stack
+from shared.metadata import MetadataStore
 from shared.nats.jetstream import connect_nats
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,6 +68,8 @@ async def _open(env: Mapping[str, str]) -> tuple[Any, TesseraClient, asyncpg.Con
     settings = Settings.from_env(env)
     nc = await connect_nats(settings, name="bench-scheduling")
     client = TesseraClient(nc, Names(settings.deployment.namespace), timeout=60)
+    store = await MetadataStore.connect(settings.database_url)  # the schema, if not yet there
+    await store.close()
     conn = await asyncpg.connect(settings.database_url)
     return nc, client, conn
 

@@ -182,7 +182,10 @@ async def release(
     if not waiting:
         return Released(windows=windows)
     names = sorted({w.project for w in waiting})
-    usage, estimate = await _usage(conn, names, usage_window)
+    # One project waiting: its usage orders nothing (its own cap still applies).
+    usage, estimate = (
+        await _usage(conn, names, usage_window) if len(names) > 1 else ({}, DEFAULT_ESTIMATE)
+    )
     settings = {
         r["name"]: (float(r["weight"]), r["max_in_flight"])
         for r in await conn.fetch(

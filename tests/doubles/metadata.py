@@ -227,7 +227,8 @@ class MemoryMetadata:
             if self._dispatchable(j) and j.renderer in budgets
             and (n := min(len(self._unreleased(j.job_id)), budgets[j.renderer])) > 0
         ]  # fmt: skip
-        usage, estimate = self._usage(usage_window)
+        many = len({w.project for w in waiting}) > 1
+        usage, estimate = self._usage(usage_window) if many else ({}, DEFAULT_ESTIMATE)
         projects = {
             p: ProjectShare(
                 weight=self.projects.get(p, (1.0, None))[0],
