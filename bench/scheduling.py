@@ -181,7 +181,7 @@ def bench_fair_share(stack: Stack, seconds: float) -> dict[str, float]:
 
 
 def bench_priority(stack: Stack, backlog: int) -> tuple[float, float, float]:
-    interval = Settings.from_env({}).scheduler.dispatch_interval
+    interval = Settings.from_env(stack.env()).scheduler.dispatch_interval
     env = {"TESSERA_NAMESPACE": "benchSB", "TESSERA_WORKER_SLOTS": "1"}
     procs = _procs(stack, env, workers=2)
     try:
