@@ -27,8 +27,8 @@ import kernel
 from proto import names as n
 from proto.messages import JobMessage, TileMessage
 from services.gateway.handlers import Handlers
-from services.scheduler.exhausted import Exhausted
 from services.scheduler.dispatch import Dispatcher
+from services.scheduler.exhausted import Exhausted
 from services.scheduler.planner import Planner
 from services.worker.loop import Worker
 from services.worker.scenes import KernelFailure
