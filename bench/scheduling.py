@@ -59,8 +59,9 @@ def _procs(stack: Stack, env: Mapping[str, str], workers: int) -> ServiceProcess
 
 
 def _request(project: str, seed: int, **over: Any) -> SubmitRequest:
-    fields: dict[str, Any] = {"project": project, "scene": "cornell", "width": 128, "height": 128, "spp": 512,
-              "tile_size": 32, "seed": seed} | over  # fmt: skip
+    fields: dict[str, Any] = {"project": project, "scene": "cornell", "width": 128,
+                              "height": 128, "spp": 512, "tile_size": 32, "seed": seed}  # fmt: skip
+    fields |= over
     return SubmitRequest(**fields)
 
 
@@ -236,9 +237,11 @@ def main() -> None:
             print(summary[-1], flush=True)
         if "c" not in skip and bench_pause is not None:
             summary.append(f"(c) pause latency {bench_pause(stack):.3f} s")
+            print(summary[-1], flush=True)
     if "d" not in skip:
         if args.before is None:
             summary.append("(d) skipped: pass --before DIR (git worktree add DIR 40d288f)")
+            print(summary[-1], flush=True)
         else:
             now: list[dict[int, float]] = []
             then: list[dict[int, float]] = []
@@ -252,7 +255,8 @@ def main() -> None:
                     f"(d) tiny tiles, {workers} worker(s): dispatch {new:.0f} tiles/s, before "
                     f"{old:.0f} tiles/s, ratio {new / old:.3f} (target >= 0.90)"
                 )
-    print("\n".join(summary))
+                print(summary[-1], flush=True)
+    print("\nsummary\n" + "\n".join(summary))
 
 
 if __name__ == "__main__":
