@@ -210,7 +210,7 @@ class ProjectListReply:
     """``tessera.api.project.list``: every project, by name."""
 
     projects: Annotated[list[ProjectView], "the projects, by name"]
-    window_seconds: Annotated[float, "the share window (``TESSERA_SHARE_WINDOW``), seconds"]
+    window_seconds: Annotated[float, "the share window (``TESSERA_FAIR_SHARE_WINDOW``), seconds"]
 
 
 @dataclass(frozen=True)
@@ -218,7 +218,7 @@ class ProjectShowReply:
     """``tessera.api.project.show``: one project."""
 
     project: Annotated[ProjectView, "the project"]
-    window_seconds: Annotated[float, "the share window (``TESSERA_SHARE_WINDOW``), seconds"]
+    window_seconds: Annotated[float, "the share window (``TESSERA_FAIR_SHARE_WINDOW``), seconds"]
 
 
 @dataclass(frozen=True)

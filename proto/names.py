@@ -61,6 +61,7 @@ CONSUMER_SCHEDULER_ADVISORIES = "scheduler-advisories"
 
 BUCKET_LEASES = "tessera-leases"
 BUCKET_PROGRESS = "tessera-progress"
+BUCKET_WORKERS = "tessera-workers"
 
 QUEUE_GROUP_GATEWAY = "tessera-gateway"
 
@@ -250,6 +251,16 @@ def lease_keys_of_job(job_id: str) -> str:
 def lease_key_final(job_id: str) -> str:
     """Key of a job's finalization lease in the leases bucket: ``final.<job>``."""
     return f"final.{check_token(job_id, 'job_id')}"
+
+
+def worker_key(node: str) -> str:
+    """Key of a live worker in the workers bucket: ``worker.<node>`` (a node name that is not
+    a key token has its other characters replaced by ``_``)."""
+    return f"worker.{re.sub(r'[^-/_=a-zA-Z0-9]', '_', node) or '_'}"
+
+
+WORKER_KEYS = "worker.*"
+"""Wildcard over the live-worker keys of the workers bucket."""
 
 
 def progress_key(job_id: str, tile_index: int) -> str:

@@ -20,7 +20,8 @@ tile-done, ``scheduler-advisories`` on ADVISORIES.
 
 KV buckets are declared as their backing streams (``KV_<bucket>``, exactly what nats-py's
 ``create_key_value`` would build, so ``js.key_value(bucket)`` opens them): ``tessera-leases``
-(history 1, per-message TTL allowed, no limit marker: see NATS-NOTES) and ``tessera-progress``.
+(history 1, per-message TTL allowed, no limit marker: see NATS-NOTES), ``tessera-progress`` and
+``tessera-workers`` (live workers, each key put with a TTL and refreshed by its worker).
 Reads stay on the stream leader (``allow_direct=False``) so compare-and-set sees its own writes.
 
 Every stream, consumer and bucket carries a ``description`` (:data:`DESCRIPTIONS`) saying what it
@@ -64,7 +65,12 @@ DESCRIPTIONS: dict[str, str] = {
     n.BUCKET_PROGRESS: "Tessera progress pointers: tile.<job>.<i> -> JSON {input_hash, "
     "samples_done, checkpoint_key, attempt_id} of the tile's newest checkpoint. Written and read "
     "by workers (resume after a crash); read by tessera gc.",
-    n.CONSUMER_SCHEDULER_JOBS: "Scheduler: plans each job into tiles and publishes them to TILES.",
+    n.BUCKET_WORKERS: "Tessera live workers: worker.<node> -> JSON {node, threads, in_hand, "
+    "renderers {name: version}, version, started_at, current [[job, tile], ...]}, put with a "
+    "TTL and refreshed every few seconds by each worker, deleted on a clean stop. Read by the "
+    "scheduler's dispatcher (the release window) and tessera top.",
+    n.CONSUMER_SCHEDULER_JOBS: "Scheduler: plans each job into tile rows; its dispatcher "
+    "releases them into TILES as workers have room.",
     n.CONSUMER_WORKERS: "Workers with the tessera renderer (numba kernel): render one tile per "
     "message, commit it, publish tile-done.",
     n.workers_consumer("blender"): "Workers with Blender (Cycles) on PATH: render one tile per "
@@ -150,8 +156,8 @@ class Topology:
         )
 
     def bucket_streams(self) -> list[api.StreamConfig]:
-        """Backing streams of the leases and progress buckets."""
-        return [self._bucket(n.BUCKET_LEASES), self._bucket(n.BUCKET_PROGRESS)]
+        """Backing streams of the leases, progress and live-workers buckets."""
+        return [self._bucket(b) for b in (n.BUCKET_LEASES, n.BUCKET_PROGRESS, n.BUCKET_WORKERS)]
 
     def _bucket(self, base: str) -> api.StreamConfig:
         bucket = self.names.bucket(base)

@@ -8,7 +8,8 @@ first write and a refused request writes nothing: the request schema's limits
 Pause is one transaction (job paused, its idle tiles unreleased), then a ``job-paused`` event:
 workers holding its tiles stop at their next pass boundary (they also read the job's state at
 every checkpoint, so a lost event only delays the stop to the checkpoint interval). Resume moves
-the job back to ``running``, then makes its tiles releasable again (:func:`release_after_resume`).
+the job back to ``running`` and publishes ``job-resumed``, which wakes the dispatchers: they
+release its tiles again (each under a new generation).
 """
 
 from __future__ import annotations
@@ -37,28 +38,11 @@ from proto.names import EventKind, event_msg_id
 from shared.metadata import Job
 from shared.metadata.models import ProjectView as ProjectRow
 from shared.nats.jetstream import publish
-from shared.service.publish import publish_tiles
 from shared.service.runtime import Runtime
 
-__all__ = ["ControlHandlers", "release_after_resume"]
+__all__ = ["ControlHandlers"]
 
 Headers = Mapping[str, str] | None
-
-
-async def release_after_resume(rt: Runtime, job_id: str) -> int:
-    """INTERIM (until the dispatcher of issue 16 is merged; the integrator replaces this by
-    the dispatcher's wake-up): publish the resumed job's unreleased tiles to TILES now.
-
-    The tiles are claimed first (``generation + 1``, ``published_at = now()``, one statement,
-    only while the job is running and the tile still queued and unreleased), then published
-    through :func:`~shared.service.publish.publish_tiles`. A crash between the two leaves
-    released tiles without a message: the sweeper re-publishes them after ``TESSERA_SWEEP_AGE``.
-    The number of tiles released.
-    """
-    tiles = await rt.db.claim_resumed_tiles(job_id)
-    if tiles:
-        await publish_tiles(rt, tiles)
-    return len(tiles)
 
 
 def project_view(row: ProjectRow) -> ProjectView:
@@ -81,7 +65,7 @@ class ControlHandlers:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.log = rt.log.bind(component="control")
-        self.window = rt.settings.scheduler.share_window
+        self.window = rt.settings.scheduler.fair_share_window
 
     async def _event(self, job: Job, kind: EventKind, detail: str) -> None:
         # One id per change: a repeat of the same request (no change) is absorbed, a pause
@@ -111,9 +95,10 @@ class ControlHandlers:
         """``tessera.api.resume``: paused -> running; its tiles become releasable again."""
         request = decode_request(data, headers, JobRequest)
         job = await self.rt.db.resume_job(request.job_id, node=self.rt.node)
+        # The job-resumed event also wakes the dispatchers, which release its tiles (they were
+        # handed back unreleased; a new generation each, so an old message is dropped).
         await self._event(job, EventKind.JOB_RESUMED, "resumed")
-        released = await release_after_resume(self.rt, job.job_id)
-        self.log.info("job resumed", job_id=job.job_id, released=released)
+        self.log.info("job resumed", job_id=job.job_id)
         return ResumeReply(job_id=job.job_id, state=job.state.value)
 
     async def project_set(self, data: bytes, headers: Headers) -> ProjectSetReply:

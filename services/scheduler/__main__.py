@@ -8,6 +8,7 @@ import sys
 from proto import names as n
 from services.scheduler.collector import StreamCollector
 from services.scheduler.deadlines import Deadlines
+from services.scheduler.dispatch import Dispatcher
 from services.scheduler.exhausted import Exhausted
 from services.scheduler.planner import Planner
 from services.scheduler.sweeper import Sweeper
@@ -16,11 +17,13 @@ from shared.service.runtime import Runtime, service_main
 
 
 async def run(rt: Runtime, stop: asyncio.Event) -> None:
-    """Plan jobs, dead-letter exhausted messages, sweep, fail overdue jobs and collect
-    metrics."""
+    """Plan jobs, release their tiles, dead-letter exhausted messages, sweep, fail overdue
+    jobs and collect metrics."""
     names, grace = rt.names, rt.settings.process.grace_period
     config = rt.settings.scheduler
-    planner, exhausted, sweeper = Planner(rt), Exhausted(rt), Sweeper(rt)
+    dispatcher = Dispatcher(rt)
+    planner = Planner(rt, on_planned=dispatcher.nudge)
+    exhausted, sweeper = Exhausted(rt), Sweeper(rt)
     await asyncio.gather(
         consume(
             rt.js,
@@ -42,6 +45,7 @@ async def run(rt: Runtime, stop: asyncio.Event) -> None:
             log=rt.log,
             grace=grace,
         ),
+        dispatcher.run(stop),
         sweeper.run(stop),
         Deadlines(rt).run(stop),
         StreamCollector(rt).run(stop),

@@ -42,7 +42,7 @@ class StreamCollector:
             m.consumer_pending.labels(**labels).set(c.pending)
             m.consumer_ack_pending.labels(**labels).set(c.ack_pending)
             m.consumer_oldest_age.labels(**labels).set(c.oldest_age)
-        window = self.rt.settings.scheduler.share_window
+        window = self.rt.settings.scheduler.fair_share_window
         for p in await self.rt.db.projects(window=window):
             m.project_queued.labels(project=p.name).set(p.queued)
             m.project_in_flight.labels(project=p.name).set(p.in_flight)

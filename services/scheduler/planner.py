@@ -1,12 +1,15 @@
-"""JOBS → tile plan → TILES: idempotent under redelivery.
+"""JOBS → tile plan (rows only): idempotent under redelivery.
 
-A redelivered ``JobMessage`` plans the same tiles again (rows are inserted ``ON CONFLICT DO
-NOTHING``) and re-publishes the tiles that are not done under the same ``Nats-Msg-Id``s, so the
-server absorbs the copies inside its duplicate window; after the window, workers find the tile
-done or leased and drop the copy.
+The planner writes a job's tile rows, unreleased (``published_at`` NULL), and wakes the
+dispatcher (:mod:`services.scheduler.dispatch`), which releases them into ``TILES`` as workers
+have room. A redelivered ``JobMessage`` plans the same tiles again (rows are inserted ``ON
+CONFLICT DO NOTHING``) and changes nothing; a crash after the rows (``scheduler.after_plan``)
+leaves them for any dispatcher's next round.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from nats.aio.msg import Msg
 
@@ -18,7 +21,6 @@ from shared.core.lifecycle import IllegalTransition, TileState, is_terminal
 from shared.core.tiles import plan_rects
 from shared.metadata import Tile
 from shared.nats.jetstream import publish
-from shared.service.publish import publish_tiles
 from shared.service.runtime import Runtime
 from shared.service.settle import ACK, Delivery, Outcome, Retry, outcome_of, settle
 
@@ -27,15 +29,21 @@ __all__ = ["Planner"]
 _DONE_OR_TERMINAL = frozenset({TileState.DONE, TileState.FAILED_TERMINAL, TileState.DEAD_LETTERED})
 
 
+def _nothing() -> None:
+    return None
+
+
 class Planner:
     """Handles ``JOBS`` messages."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, *, on_planned: Callable[[], None] = _nothing) -> None:
         self.rt = rt
         self.log = rt.log.bind(component="planner")
+        #: called after a plan with tiles to render (the dispatcher's nudge)
+        self.on_planned = on_planned
 
     async def handle(self, msg: Msg) -> None:
-        """Plan one job, publish its tiles, ack last."""
+        """Plan one job, ack last."""
         delivery = Delivery.of(self.rt, msg)
         await settle(delivery, await self.outcome(delivery))
 
@@ -55,7 +63,7 @@ class Planner:
         return ACK
 
     async def plan(self, job_msg: JobMessage) -> None:
-        """Write the tile rows of a job and publish one TILES message per unfinished tile."""
+        """Write the tile rows of a job (unreleased) and wake the dispatcher."""
         db = self.rt.db
         job = await db.get_job(job_msg.job_id)
         if job is None or is_terminal(job.state) or job.cancel_requested:
@@ -68,10 +76,11 @@ class Planner:
         tiles = await db.plan_tiles(job.job_id, rects, node=self.rt.node)
         crash.crash_point("scheduler.after_plan")
         todo = [t for t in tiles if t.state not in _DONE_OR_TERMINAL]
-        await publish_tiles(self.rt, todo, {job.job_id: job.renderer})
+        if todo:
+            self.on_planned()
         if tiles and all(t.state is TileState.DONE for t in tiles):
             await self._finalize_again(job_msg, tiles[-1], job.input_hash)
-        self.log.info("planned", job_id=job.job_id, tiles=len(tiles), published=len(todo))
+        self.log.info("planned", job_id=job.job_id, tiles=len(tiles), to_render=len(todo))
 
     async def _finalize_again(self, job_msg: JobMessage, last: Tile, input_hash: str) -> None:
         """Every tile is already done (a retried job whose finalization failed): hand the job

@@ -4,11 +4,13 @@ The broker is not the source of truth (see docs/architecture.md): a stale owner'
 acknowledge a redelivered message, and acks can be lost in a leader election, so a tile can be not
 done while no message for it exists. Every ``TESSERA_SWEEP_INTERVAL`` the sweeper takes a
 **snapshot**: up to ``TESSERA_SWEEP_BATCH`` tiles (the next page of them after the previous pass's,
-wrapping to the oldest after a short page) of active jobs that are not done and were last published
-more than ``TESSERA_SWEEP_AGE`` ago (never-published ones once their row is that old: a fresh plan
-is still being published). For those it asks the broker, in bulk, which have a message in the TILES
-stream (one subject listing per job) and which a live lease (one listing of the job's lease keys,
-then a read of only the listed keys that have no message). The rest are **claimed** in one
+wrapping to the oldest after a short page) of dispatchable jobs that are released (``published_at``
+set), not done and were last published more than ``TESSERA_SWEEP_AGE`` ago. An unreleased tile is
+waiting for the dispatcher by design and is never a candidate; a released one with no message (a
+dispatcher killed between its release and its publishes) is swept like a lost one. For those it
+asks the broker, in bulk, which have a message in the TILES stream (one subject listing per job)
+and which a live lease (one listing of the job's lease keys, then a read of only the listed keys
+that have no message). The rest are **claimed** in one
 PostgreSQL statement that re-checks each tile against its snapshot row (still not done, job still
 live, row unchanged: no fence, progress, commit or publish since) and moves it to the next
 generation; only the claimed tiles are re-published, under the new generation in their

@@ -18,6 +18,7 @@ from proto import names as n
 from services.worker import renderers
 from services.worker.context import JobCache, NatsTileEvents, StopView, TileContext, Wakers
 from services.worker.kernels import KernelThreads
+from services.worker.presence import Presence
 from services.worker.renderers.tessera import TesseraKernel
 from services.worker.scenes import AssetSource, SceneCache
 from services.worker.tile import TileRun
@@ -63,6 +64,15 @@ class Worker:
         #: tile runs waiting mid-pass for news of their job
         self.wakers = Wakers()
         self.jobs = JobCache(rt.db, config.job_cache)
+        #: subjects of the TILES messages in hand (``tessera top`` shows their tiles)
+        self.current: dict[int, str] = {}
+        self.presence = Presence(
+            rt,
+            threads=self.slots,
+            in_hand=self.in_hand,
+            current=self._current_tiles,
+            renderers={name: r.version for name, r in self.renderers.items()},
+        )
         self.context = TileContext(
             db=rt.db,
             leases=rt.leases,
@@ -91,6 +101,7 @@ class Worker:
             await self.rt.nc.subscribe(self.rt.names.event_filter(kind), cb=self._on_change)
             for kind in CHANGE_EVENTS
         ]
+        announcer = asyncio.create_task(self.presence.run(stop), name="presence")
         try:
             await consume_many(
                 self.rt.js,
@@ -104,6 +115,8 @@ class Worker:
                 on_stop=self.handing_back.set,
             )
         finally:
+            stop.set()  # also when consume failed: the announcer deletes the key and ends
+            await announcer
             await cancels.unsubscribe()
             for sub in changes:
                 await sub.unsubscribe()
@@ -130,7 +143,20 @@ class Worker:
 
     async def handle(self, msg: Msg) -> None:
         """One delivery."""
-        await TileRun(self.context, Delivery.of(self.rt, msg)).run()
+        self.current[id(msg)] = msg.subject
+        try:
+            await TileRun(self.context, Delivery.of(self.rt, msg)).run()
+        finally:
+            self.current.pop(id(msg), None)
+
+    def _current_tiles(self) -> list[list[object]]:
+        """``[job_id, tile_index]`` of the messages in hand."""
+        pairs: list[tuple[str, int]] = []
+        for subject in list(self.current.values()):
+            job_id = n.job_of_tile_subject(subject)
+            if job_id is not None:
+                pairs.append((job_id, int(subject.rsplit(".", 1)[1])))
+        return [[job_id, index] for job_id, index in sorted(pairs)]
 
     async def job(self, job_id: str) -> Job | None:
         """The job row, from the worker's cache (:class:`~services.worker.context.JobCache`)."""

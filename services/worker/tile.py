@@ -1,6 +1,8 @@
 """One delivery of one tile, step by step (DESIGN.md "Worker flow").
 
 1. decode; look up job and tile — terminal job or done tile: (re)announce done if needed, ack;
+   a message of an older generation than the tile row's (superseded by a later release or
+   sweep): ack;
 2. lease (held by a live owner: ``nak`` with a delay, never work in parallel);
 3. fence the tile row with the lease's acquire revision and record the attempt;
 4. resume from the progress pointer only if its ``input_hash`` matches;
@@ -149,6 +151,12 @@ class TileRun:
             self.log.info("tile already done")
         elif is_terminal(job.state) or job.cancel_requested or is_terminal(tile.state):
             self.log.info("job or tile is final; dropping", state=job.state.value)
+        elif tm.generation < tile.generation:
+            # A later release or sweep published the tile again under a newer generation:
+            # that message is the tile's now (the dispatcher counted it in its window).
+            self.log.info("superseded tile message; dropping", generation=tm.generation,
+                          current=tile.generation)  # fmt: skip
+            self.ctx.metrics.superseded.inc()
         elif job.renderer not in self.ctx.renderers:
             # Routing sends a worker only the tiles of its renderers; a copy that reached it
             # anyway (a consumer of an older topology) goes back for a worker that has it.

@@ -31,7 +31,9 @@ POINTS = frozenset(
         "finalizer.after_finalizing",  # job moved to finalizing, nothing written yet
         "finalizer.after_image_write",  # final image written, metadata not yet updated
         "finalizer.after_complete",  # job completed, tile-done not yet acked
-        "scheduler.after_plan",  # tile rows written, TILES not yet published
+        "scheduler.after_plan",  # tile rows written (unreleased), the dispatcher not yet woken
+        "scheduler.after_release",  # tiles released (rows stamped), none of them published
+        "scheduler.mid_publish",  # half of a release's tiles published, the rest not
     }
 )
 

@@ -9,12 +9,17 @@ as ``PERMISSIONS VIOLATION``). All users live in the default account (``$G``).
 user           may
 =============  ===============================================================================
 gateway        serve ``tessera.api.>`` in its queue group and reply (``allow_responses``);
-               publish JOBS messages and job-cancelled/-retried events; read and purge DLQ
-scheduler      consume JOBS and ADVISORIES; publish TILES, DLQ copies, job-dead-lettered;
-               read/delete messages of JOBS/TILES (exhausted deliveries, sweeper); read leases;
+               publish JOBS messages and job-cancelled/-retried/-paused/-resumed events; read
+               and purge DLQ
+scheduler      consume JOBS and ADVISORIES; publish TILES, DLQ copies, job-dead-lettered and
+               job-failed (deadlines);
+               read/delete messages of JOBS/TILES (exhausted deliveries, sweeper); read leases
+               and live workers; hear tile-done and job-resumed events (the dispatcher's nudges);
                **create and update the topology** (the topology owner, see below)
-worker         consume TILES; read/write tile leases and progress pointers; publish tile-done,
-               job-failed/-dead-lettered events and DLQ copies; hear job-cancelled events
+worker         consume TILES; read/write tile leases, progress pointers and its live-worker
+               key (``worker.>``); publish tile-done,
+               job-failed/-dead-lettered events and DLQ copies; hear job-cancelled, -paused,
+               -failed and -dead-lettered events
 finalizer      consume EVENTS tile-done; read/write ``final.<job>`` leases; publish
                job-completed/-failed events and DLQ copies
 client         call ``tessera.api.>`` (request-reply) and watch ``tessera.events.>``
@@ -120,6 +125,7 @@ def permissions(
     topo = Topology(prefix=nm.prefix)
     s = nm.stream
     leases, progress = nm.bucket(n.BUCKET_LEASES), nm.bucket(n.BUCKET_PROGRESS)
+    workers = nm.bucket(n.BUCKET_WORKERS)
     ev = nm.event_filter
     dlq = nm.dlq_subjects
 
@@ -131,6 +137,8 @@ def permissions(
             nm.jobs_subjects,
             ev(n.EventKind.JOB_CANCELLED),
             ev(n.EventKind.JOB_RETRIED),
+            ev(n.EventKind.JOB_PAUSED),
+            ev(n.EventKind.JOB_RESUMED),
             f"{API}.STREAM.MSG.GET.{s(n.STREAM_DLQ)}",
             f"{API}.STREAM.PURGE.{s(n.STREAM_DLQ)}",
         ],
@@ -140,15 +148,18 @@ def permissions(
             nm.tiles_subjects,
             dlq,
             ev(n.EventKind.JOB_DEAD_LETTERED),
+            ev(n.EventKind.JOB_FAILED),  # the deadline check fails overdue jobs
             *(f"{API}.STREAM.MSG.GET.{s(b)}" for b in (n.STREAM_JOBS, n.STREAM_TILES)),
             f"{API}.STREAM.MSG.GET.{s(n.STREAM_EVENTS)}",
             *(f"{API}.STREAM.MSG.DELETE.{s(b)}" for b in (n.STREAM_JOBS, n.STREAM_TILES)),
             f"{API}.STREAM.MSG.GET.KV_{leases}",
+            f"{API}.STREAM.MSG.GET.KV_{workers}",
         ],
         "worker": [
             *(c for r in n.RENDERERS for c in _consume(s(n.STREAM_TILES), n.workers_consumer(r))),
             *_kv(leases, "tile.>"),
             *_kv(progress, "tile.>"),
+            *_kv(workers, "worker.>"),
             ev(n.EventKind.TILE_DONE),
             ev(n.EventKind.JOB_FAILED),
             ev(n.EventKind.JOB_DEAD_LETTERED),
@@ -180,7 +191,15 @@ def _service_subscriptions(nm: n.Names) -> dict[str, list[str]]:
     return {
         # a queue permission: the gateway can serve the API, not eavesdrop on it
         "gateway": [f"{nm.api_subjects} {nm.queue_group}"],
-        "worker": [nm.event_filter(n.EventKind.JOB_CANCELLED)],
+        # a cancel, and the events after which a worker reads a job's row at once
+        "worker": [
+            nm.event_filter(n.EventKind.JOB_CANCELLED),
+            nm.event_filter(n.EventKind.JOB_PAUSED),
+            nm.event_filter(n.EventKind.JOB_FAILED),
+            nm.event_filter(n.EventKind.JOB_DEAD_LETTERED),
+        ],
+        # the dispatcher's nudges: a tile finished (a worker has room), a job resumed
+        "scheduler": [nm.tile_done_filter, nm.event_filter(n.EventKind.JOB_RESUMED)],
     }
 
 

@@ -22,12 +22,11 @@ from shared.core.lifecycle import (
 )
 from shared.metadata import audit, jobs
 from shared.metadata.audit import Conn, Who
-from shared.metadata.models import AttemptOutcome, Job, JobControl, Tile
+from shared.metadata.models import AttemptOutcome, Job, JobControl
 
 __all__ = [
     "PRIORITY_STATES",
     "PRIORITY_TRIGGER",
-    "claim_resumed",
     "control_of",
     "overdue",
     "pause",
@@ -231,21 +230,3 @@ ORDER BY deadline_at, job_id LIMIT $1
 async def overdue(conn: Conn, *, limit: int) -> list[str]:
     """Ids of live jobs past their deadline, earliest first."""
     return [r["job_id"] for r in await conn.fetch(_OVERDUE, limit)]
-
-
-async def claim_resumed(conn: Conn, job_id: str) -> list[Tile]:
-    """INTERIM, for ``release_after_resume`` until the dispatcher releases tiles: the job's
-    queued, unreleased tiles (the job running), next generation, ``published_at = now()``."""
-    rows = await conn.fetch(
-        """
-        UPDATE tiles t SET generation = t.generation + 1, published_at = now()
-        FROM jobs j
-        WHERE t.job_id = $1 AND j.job_id = t.job_id AND j.state = $2 AND NOT j.cancel_requested
-          AND t.state = $3 AND t.published_at IS NULL
-        RETURNING t.*
-        """,
-        job_id,
-        JobState.RUNNING.value,
-        TileState.QUEUED.value,
-    )
-    return sorted((Tile.from_record(r) for r in rows), key=lambda t: t.tile_index)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import asyncpg
 from asyncpg import Record
 
 from shared.core.lifecycle import JobState, JobTrigger, TileState, TileTrigger, tile_legal_events
-from shared.metadata import audit, control, fastpath, fencing, jobs, projects, tiles
+from shared.metadata import audit, control, dispatch, fastpath, fencing, jobs, projects, tiles
 from shared.metadata.audit import Conn, Who
 from shared.metadata.base import StoreBase
 from shared.metadata.models import (
@@ -121,7 +121,9 @@ class MetadataStore(StoreBase):
         )
 
     async def retry_job(self, job_id: str, *, node: str = "") -> Job:
-        """RETRY: new generation, errors cleared, failed/dead-lettered tiles REQUEUEd."""
+        """RETRY: new generation, errors cleared, failed/dead-lettered tiles REQUEUEd; every
+        queued tile of the job unreleased, for the dispatcher to release again (its old
+        message, if any, is superseded by the new generation)."""
         who = Who(node)
 
         async def run(conn: Conn) -> Job:
@@ -129,6 +131,7 @@ class MetadataStore(StoreBase):
             await tiles.move_idle(
                 conn, job_id, REQUEUE_ON_RETRY, TileTrigger.REQUEUE, who, fresh=True
             )
+            await tiles.unrelease_queued(conn, job_id)
             return await jobs.require_job(conn, job_id)
 
         return await self._tx("retry_job", run)
@@ -240,12 +243,6 @@ class MetadataStore(StoreBase):
             lambda c: projects.project_views(c, window=window, name=name, limit=limit),
         )
 
-    async def claim_resumed_tiles(self, job_id: str) -> list[Tile]:
-        """INTERIM (until the dispatcher is merged; see
-        :func:`services.gateway.control.release_after_resume`): the running job's queued,
-        unreleased tiles, moved to the next generation with ``published_at = now()``."""
-        return await self._tx("claim_resumed_tiles", lambda c: control.claim_resumed(c, job_id))
-
     async def overdue_jobs(self, *, limit: int = 100) -> list[str]:
         """Live jobs whose deadline has passed, earliest deadline first (index jobs_deadline)."""
         return await self._read("overdue_jobs", lambda c: control.overdue(c, limit=limit))
@@ -276,6 +273,24 @@ class MetadataStore(StoreBase):
         await self._tx(
             "mark_published", lambda c: tiles.mark_published(c, job_id, tile_indexes, generation)
         )
+
+    async def release_tiles(
+        self, capacity: Mapping[str, int], *, limit: int, usage_window: float
+    ) -> dispatch.Released:
+        """The dispatcher's round, one transaction (:func:`shared.metadata.dispatch.release`):
+        up to ``limit`` unreleased queued tiles of dispatchable jobs, within each renderer's
+        window (``capacity`` minus its released-and-unfinished tiles), highest priority first,
+        fair share between projects (core-seconds over ``usage_window`` s) within a priority,
+        oldest job first within a project; stamped ``generation + 1``, ``published_at = now()``.
+        Dispatchers of several schedulers take turns (a transaction-scoped advisory lock)."""
+        return await self._tx(
+            "release_tiles",
+            lambda c: dispatch.release(c, capacity, limit=limit, usage_window=usage_window),
+        )
+
+    async def unreleased_tiles(self) -> int:
+        """Unreleased queued tiles of dispatchable jobs (the dispatch backlog)."""
+        return await self._read("unreleased_tiles", dispatch.unreleased)
 
     async def fence_tile(
         self,

@@ -13,7 +13,6 @@ from datetime import datetime
 from kernel.rect import Rect
 from shared.core.errors import ConflictError, NotFoundError, ValidationError
 from shared.core.lifecycle import (
-    TERMINAL_JOB_STATES,
     TERMINAL_TILE_STATES,
     IllegalTransition,
     JobState,
@@ -24,10 +23,12 @@ from shared.core.lifecycle import (
 )
 from shared.metadata import audit, jobs
 from shared.metadata.audit import Conn, Who
+from shared.metadata.dispatch import DISPATCHABLE
 from shared.metadata.models import Tile, TileCounts
 
-_TERMINAL_JOBS = [s.value for s in TERMINAL_JOB_STATES]
 _TERMINAL_TILES = [s.value for s in TERMINAL_TILE_STATES]
+#: jobs whose tiles the dispatcher releases (and the sweeper re-publishes)
+_DISPATCHABLE_JOBS = [s.value for s in DISPATCHABLE]
 
 
 async def fetch_tile(conn: Conn, job_id: str, tile_index: int) -> Tile | None:
@@ -136,6 +137,16 @@ async def mark_published(
         job_id,
         list(tile_indexes),
         generation,
+    )
+
+
+async def unrelease_queued(conn: Conn, job_id: str) -> None:
+    """The job's queued tiles back to unreleased (``published_at`` NULL): a retry hands them
+    to the dispatcher, whose release gives them a new generation."""
+    await conn.execute(
+        "UPDATE tiles SET published_at = NULL WHERE job_id = $1 AND state = $2",
+        job_id,
+        TileState.QUEUED.value,
     )
 
 
@@ -265,20 +276,19 @@ async def inline_results(conn: Conn, job_id: str) -> dict[int, tuple[str, bytes]
     return {row["tile_index"]: (row["sha256"], bytes(row["data"])) for row in rows}
 
 
-# A tile is stale once its message was published ``older_than`` s ago; one never published
-# (``published_at`` NULL) once its row has not moved for that long: the planner writes the rows,
-# then publishes, then stamps ``published_at``, so a fresh NULL is a plan still being published.
+# A tile is stale once its message was published ``older_than`` s ago. Only released tiles
+# (``published_at`` set) of dispatchable jobs: an unreleased tile waits for the dispatcher by
+# design, and a paused, cancel-requested or overdue job's tiles are not to run.
 _STALE = """
-    j.state <> ALL($1::text[]) AND NOT j.cancel_requested
+    j.state = ANY($1::text[]) AND NOT j.cancel_requested
+    AND (j.deadline_at IS NULL OR j.deadline_at > now())
     AND t.state <> ALL($2::text[])
-    AND (t.published_at < now() - make_interval(secs => $3)
-         OR (t.published_at IS NULL AND t.updated_at < now() - make_interval(secs => $3)))
+    AND t.published_at < now() - make_interval(secs => $3)
 """
 
 
 StaleKey = tuple[datetime | None, str, int]
-"""Where a tile stands in :func:`stale`'s order: publish time (``None``: never published,
-first), job id, tile index."""
+"""Where a tile stands in :func:`stale`'s order: publish time, job id, tile index."""
 
 
 def stale_key(tile: Tile) -> StaleKey:
@@ -289,8 +299,8 @@ def stale_key(tile: Tile) -> StaleKey:
 async def stale(
     conn: Conn, *, older_than: float, limit: int, after: StaleKey | None = None
 ) -> list[Tile]:
-    """Open tiles of live jobs whose message was last published ``older_than`` s ago, or that
-    were never published and have not moved for as long; oldest publish first, and only those
+    """Released open tiles of dispatchable jobs whose message was last published
+    ``older_than`` s ago; oldest publish first, and only those
     past ``after`` in that order (a cursor: a sweep pages through a backlog larger than
     ``limit`` instead of looking at its oldest page again and again)."""
     published, job_id, index = after if after is not None else (None, "", -1)
@@ -306,7 +316,7 @@ async def stale(
         ORDER BY t.published_at NULLS FIRST, t.job_id, t.tile_index
         LIMIT $4
         """,
-        _TERMINAL_JOBS,
+        _DISPATCHABLE_JOBS,
         _TERMINAL_TILES,
         older_than,
         limit,
@@ -344,7 +354,7 @@ async def claim_lost(conn: Conn, seen: Sequence[Tile], *, older_than: float) -> 
           AND {_STALE}
         RETURNING t.*
         """,
-        _TERMINAL_JOBS,
+        _DISPATCHABLE_JOBS,
         _TERMINAL_TILES,
         older_than,
         [t.job_id for t in seen],

@@ -63,12 +63,43 @@ class Metrics:
         )  # fmt: skip
         self.project_share = Gauge(
             "tessera_project_share",
-            "The project's share of kernel core-seconds over TESSERA_SHARE_WINDOW (0..1)",
+            "The project's share of kernel core-seconds over TESSERA_FAIR_SHARE_WINDOW (0..1)",
             ["project"], registry=r,
         )  # fmt: skip
         self._jobs_and_tiles(r)
         self._leases_and_checkpoints(r)
         self._failures(r)
+        self._dispatch(r)
+
+    def _dispatch(self, r: CollectorRegistry) -> None:
+        self.dispatch_released = Counter(
+            "tessera_dispatch_released",
+            "Tiles the dispatcher released into TILES, by renderer", ["renderer"], registry=r,
+        )  # fmt: skip
+        self.dispatch_rounds = Counter(
+            "tessera_dispatch_rounds", "Dispatch rounds run (released something or not)",
+            registry=r,
+        )  # fmt: skip
+        self.dispatch_window = Gauge(
+            "tessera_dispatch_window",
+            "Tiles a renderer's live workers could still take at the last round (capacity "
+            "minus released-and-unfinished)", ["renderer"], registry=r,
+        )  # fmt: skip
+        self.dispatch_capacity = Gauge(
+            "tessera_dispatch_capacity",
+            "Factor x kernel threads of the live workers announcing the renderer",
+            ["renderer"], registry=r,
+        )  # fmt: skip
+        self.dispatch_unreleased = Gauge(
+            "tessera_dispatch_unreleased_tiles",
+            "Queued tiles of dispatchable jobs not yet released (the dispatch backlog)",
+            registry=r,
+        )  # fmt: skip
+        self.superseded = Counter(
+            "tessera_superseded_messages",
+            "TILES messages a worker dropped because a newer generation of the tile exists",
+            registry=r,
+        )  # fmt: skip
 
     def _jobs_and_tiles(self, r: CollectorRegistry) -> None:
         self.tiles_in_flight = Gauge(

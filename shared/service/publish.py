@@ -1,5 +1,6 @@
-"""Publishing a job's tiles to ``TILES``: the planner's first publish, the sweeper's re-publish of
-lost tiles and a DLQ requeue all go through :func:`publish_tiles`."""
+"""Publishing tiles to ``TILES``: the dispatcher's release (:func:`publish_released`, rows
+already stamped in the release's transaction), the sweeper's re-publish of lost tiles and a DLQ
+requeue (:func:`publish_tiles`, which stamps ``published_at`` around the publishes)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from collections.abc import Mapping
 
 from proto import names as n
 from proto.messages import TileMessage
+from shared.core import crash
 from shared.metadata import Tile
 from shared.nats.jetstream import publish
 from shared.service.runtime import Runtime
 
-__all__ = ["publish_tiles"]
+__all__ = ["publish_released", "publish_tiles"]
 
 _PUBLISH_CONCURRENCY = 256
 
@@ -29,8 +31,6 @@ async def publish_tiles(
     tells the sweeper these tiles are being published (its claim of a tile whose
     ``published_at`` moved fails), the second starts the sweep age at the actual publish.
     """
-    gate = asyncio.Semaphore(_PUBLISH_CONCURRENCY)
-    names = rt.names
     by_generation: dict[tuple[str, int], list[int]] = {}
     for t in tiles:
         by_generation.setdefault((t.job_id, t.generation), []).append(t.tile_index)
@@ -44,6 +44,27 @@ async def publish_tiles(
         for (job_id, gen), indexes in by_generation.items():
             await rt.db.mark_published(job_id, indexes, gen)
 
+    await stamp()
+    await _publish(rt, tiles, renderer_of)
+    await stamp()
+
+
+async def publish_released(rt: Runtime, tiles: list[Tile], renderers: Mapping[str, str]) -> None:
+    """Publish the TILES messages of tiles the dispatcher just released (their rows carry the
+    new generation and ``published_at`` already; ``renderers`` maps their jobs to renderers),
+    concurrently; the crash point ``scheduler.mid_publish`` sits after the first half."""
+    half = len(tiles) // 2
+    await _publish(rt, tiles[:half], renderers)
+    crash.crash_point("scheduler.mid_publish")
+    await _publish(rt, tiles[half:], renderers)
+
+
+async def _publish(rt: Runtime, tiles: list[Tile], renderer_of: Mapping[str, str]) -> None:
+    """Each tile's message under ``tile:<job>:<i>:<gen>`` on its renderer's subject, at most 256
+    in flight."""
+    gate = asyncio.Semaphore(_PUBLISH_CONCURRENCY)
+    names = rt.names
+
     async def one(tile: Tile) -> None:
         gen = tile.generation
         message = TileMessage(tile.job_id, tile.tile_index, gen)
@@ -56,6 +77,4 @@ async def publish_tiles(
             )
         rt.metrics.published(ack)
 
-    await stamp()
     await asyncio.gather(*(one(t) for t in tiles))
-    await stamp()

@@ -45,6 +45,9 @@ CASES: dict[str, tuple[int, dict[str, str], dict[str, Any]]] = {
     "finalizer.after_image_write": (1, {}, {}),
     "finalizer.after_complete": (1, {}, {}),
     "scheduler.after_plan": (1, {}, {}),
+    # released (rows stamped) but nothing published / half published: the sweeper re-publishes
+    "scheduler.after_release": (1, {}, {}),
+    "scheduler.mid_publish": (1, {}, {}),
 }
 
 

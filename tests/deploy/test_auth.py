@@ -96,7 +96,7 @@ def test_every_user_has_exactly_its_own_consumers_and_the_owner_alone_declares()
     assert nexts == {
         "gateway": [],
         "scheduler": ["ADVISORIES.scheduler-advisories", "JOBS.scheduler-jobs"],
-        "worker": ["TILES.workers"],
+        "worker": ["TILES.workers", "TILES.workers-blender", "TILES.workers-povray"],
         "finalizer": ["EVENTS.finalizer"],
         "client": [],
     }

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Sequence
-from datetime import UTC, datetime
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 
 from shared.core.errors import ConflictError, NotFoundError, ValidationError
+from shared.core.fairshare import ProjectShare, Waiting, plan_release
 from shared.core.lifecycle import (
     IllegalTransition,
     JobState,
@@ -40,6 +41,7 @@ from shared.metadata import (
     Tile,
     TileCommit,
 )
+from shared.metadata.dispatch import DEFAULT_ESTIMATE, DISPATCHABLE, Released
 from shared.metadata.store import CANCEL_IF_IDLE
 
 __all__ = ["MemoryMetadata"]
@@ -63,6 +65,8 @@ class MemoryMetadata:
         self.jobs: dict[str, Job] = {}
         self.tiles: dict[tuple[str, int], Tile] = {}
         self.attempt_rows: dict[str, Attempt] = {}
+        #: project -> (weight, max_in_flight), as rows of ``projects``
+        self.projects: dict[str, tuple[float, int | None]] = {}
 
     # ---- jobs -----------------------------------------------------------------------------
 
@@ -221,6 +225,90 @@ class MemoryMetadata:
                 self.tiles[job_id, i] = dataclasses.replace(
                     tile, published_at=_now(), generation=max(tile.generation, generation)
                 )
+
+    # ---- dispatch ---------------------------------------------------------------------------
+
+    def _dispatchable(self, job: Job) -> bool:
+        overdue = job.deadline_at is not None and job.deadline_at <= _now()
+        return job.state in DISPATCHABLE and not job.cancel_requested and not overdue
+
+    async def release_tiles(
+        self, capacity: Mapping[str, int], *, limit: int, usage_window: float
+    ) -> Released:
+        live = {j for j, job in self.jobs.items() if not is_terminal(job.state)}
+        held: dict[str, int] = {}
+        in_flight: dict[str, int] = {}
+        unstarted: dict[str, int] = {}
+        for (job_id, _), t in self.tiles.items():
+            if t.published_at is None or is_terminal(t.state) or job_id not in live:
+                continue
+            job = self.jobs[job_id]
+            held[job.renderer] = held.get(job.renderer, 0) + 1
+            in_flight[job.project] = in_flight.get(job.project, 0) + 1
+            if t.state is TileState.QUEUED:
+                unstarted[job.project] = unstarted.get(job.project, 0) + 1
+        windows = {r: max(0, c - held.get(r, 0)) for r, c in capacity.items()}
+        budgets = {r: min(w, limit) for r, w in windows.items() if w > 0}
+        waiting = [
+            Waiting(j.job_id, j.project, j.priority, j.created_at, j.renderer, n)
+            for j in self.jobs.values()
+            if self._dispatchable(j) and j.renderer in budgets
+            and (n := min(len(self._unreleased(j.job_id)), budgets[j.renderer])) > 0
+        ]  # fmt: skip
+        many = len({w.project for w in waiting}) > 1
+        usage, estimate = self._usage(usage_window) if many else ({}, DEFAULT_ESTIMATE)
+        projects = {
+            p: ProjectShare(
+                weight=self.projects.get(p, (1.0, None))[0],
+                max_in_flight=self.projects.get(p, (1.0, None))[1],
+                in_flight=in_flight.get(p, 0),
+                usage=usage.get(p, 0.0) + estimate * unstarted.get(p, 0),
+            )
+            for p in {w.project for w in waiting}
+        }
+        picks = plan_release(waiting, budgets, projects, estimate, limit=limit)
+        released: list[Tile] = []
+        for job_id, count in picks.items():
+            for t in self._unreleased(job_id)[:count]:
+                released.append(dataclasses.replace(t, generation=t.generation + 1,
+                                                    published_at=_now()))  # fmt: skip
+                self.tiles[job_id, t.tile_index] = released[-1]
+        renderers = {w.job_id: w.renderer for w in waiting if w.job_id in picks}
+        return Released(sorted(released, key=lambda t: (t.job_id, t.tile_index)), windows,
+                        renderers)  # fmt: skip
+
+    def _unreleased(self, job_id: str) -> list[Tile]:
+        return sorted((t for (j, _), t in self.tiles.items() if j == job_id
+                       and t.published_at is None and t.state is TileState.QUEUED),
+                      key=lambda t: t.tile_index)  # fmt: skip
+
+    def _usage(self, window: float) -> tuple[dict[str, float], float]:
+        now = _now()
+        since = now - timedelta(seconds=window)
+        usage: dict[str, float] = {}
+        done: list[float] = []
+        for a in self.attempt_rows.values():
+            tile = self.tiles.get((a.job_id, a.tile_index or 0))
+            open_and_held = (
+                a.ended_at is None
+                and tile is not None
+                and tile.state in (TileState.LEASED, TileState.PROGRESSING)
+                and tile.lease_fence == a.fence
+            )
+            if a.kind != "tile" or not (open_and_held or (a.ended_at or since) > since):
+                continue
+            end = a.ended_at or now
+            seconds = max(0.0, (end - max(a.started_at, since)).total_seconds())
+            project = self.jobs[a.job_id].project
+            usage[project] = usage.get(project, 0.0) + seconds
+            if a.ended_at is not None and a.outcome is AttemptOutcome.DONE:
+                done.append((a.ended_at - a.started_at).total_seconds())
+        mean = sum(done) / len(done) if done else 0.0
+        return usage, mean if mean > 0 else DEFAULT_ESTIMATE
+
+    async def unreleased_tiles(self) -> int:
+        return sum(len(self._unreleased(j.job_id)) for j in self.jobs.values()
+                   if self._dispatchable(j))  # fmt: skip
 
     # ---- the owner's fenced writes --------------------------------------------------------
 

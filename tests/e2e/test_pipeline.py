@@ -11,8 +11,10 @@ from proto import names as n
 from proto.messages import TileMessage
 from services.client.api import TesseraClient
 from shared.core.config import Settings
+from shared.core.errors import TesseraError
 from shared.core.lifecycle import JobTrigger
 from shared.metadata import MetadataStore
+from shared.nats.presence import LiveWorkers, WorkerInfo
 from shared.objectstore import DirectoryStore, ObjectStore
 from tests.e2e.conftest import reference_png
 from tests.e2e.flows import request, result_bytes, settle, submit
@@ -183,12 +185,15 @@ async def test_sweeper_republishes_a_deleted_tile_message(
 ) -> None:
     for service in ("gateway", "scheduler", "finalizer"):  # no worker yet
         services.start(service)
-    body = request()
-    reply = await submit(client, body)
-    job_id = reply["job_id"]
     names = n.Names(e2e_settings.deployment.namespace)
     js = nc.jetstream()
     stream = names.stream(n.STREAM_TILES)
+    # A live worker as the dispatcher sees one (6 threads: a window of 12), that renders nothing.
+    bucket = LiveWorkers(js, names.bucket(n.BUCKET_WORKERS))
+    await eventually(lambda: _announced(bucket), timeout=30, what="the workers bucket exists")
+    body = request()
+    reply = await submit(client, body)
+    job_id = reply["job_id"]
 
     async def published() -> bool:
         info = await js.stream_info(stream)
@@ -201,13 +206,21 @@ async def test_sweeper_republishes_a_deleted_tile_message(
 
     async def republished() -> bool:
         tile = await db.get_tile(job_id, 5)
-        return tile is not None and tile.generation == 1
+        return tile is not None and tile.generation == 2  # released as 1, swept as 2
 
     await eventually(republished, timeout=30, what="the sweeper re-publishes tile 5")
     assert (await js.stream_info(stream)).state.messages == 12
     services.start("worker", name="worker-1")
     status = await settle(client, job_id, services)
     assert await result_bytes(objects, status) == reference_png(body)
+
+
+async def _announced(bucket: LiveWorkers) -> bool:
+    try:
+        await bucket.put(WorkerInfo("idle-worker", 6, 12, {"tessera": "test"}, "test", 0.0))
+    except TesseraError:
+        return False  # the scheduler has not declared the topology yet
+    return True
 
 
 async def test_sweeper_republishes_a_lost_job_message(

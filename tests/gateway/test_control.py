@@ -193,7 +193,7 @@ async def test_project_set_upserts_and_audits_with_its_actor(
     assert set(by_name) == {"gw", "studio"}
     assert by_name["gw"]["configured"] is False and by_name["gw"]["weight"] == 1.0
     assert by_name["studio"]["configured"] is True
-    assert listed["window_seconds"] == runtime.settings.scheduler.share_window
+    assert listed["window_seconds"] == runtime.settings.scheduler.fair_share_window
     shown = await client.project_show("studio")
     assert shown["project"] == by_name["studio"]
 

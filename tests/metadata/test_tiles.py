@@ -327,17 +327,24 @@ async def test_stale_tiles_selects_open_tiles_of_live_jobs(
     assert tile is not None and tile.generation == 1
 
 
-async def test_never_published_tiles_are_stale_once_their_plan_is_old(
+async def test_unreleased_tiles_are_never_stale(
     store: MetadataStore, new_job: Factory, database_url: str
 ) -> None:
+    """An unreleased tile (``published_at`` NULL) waits for the dispatcher by design, however
+    old its row; once released, it is stale after the age like any published one."""
     job_id = await _planned(store, new_job)
-    # Just planned: the planner is still publishing them (issue 14: 24 % of a 4,096-tile job
-    # was re-published while its planner was at it).
-    assert await store.stale_tiles(older_than=60) == []
     conn = await asyncpg.connect(database_url)
-    try:  # the planner died after writing the rows, two minutes ago
+    try:  # planned two minutes ago, never released
         await conn.execute(
             "UPDATE tiles SET updated_at = now() - interval '2 minutes' WHERE job_id = $1", job_id
+        )
+        assert await store.stale_tiles(older_than=60) == []
+        released = await store.release_tiles({"tessera": 10}, limit=10, usage_window=300)
+        assert len(released.tiles) == 4
+        assert await store.stale_tiles(older_than=60) == [], "released just now"
+        await conn.execute(
+            "UPDATE tiles SET published_at = now() - interval '2 minutes' WHERE job_id = $1",
+            job_id,
         )
     finally:
         await conn.close()

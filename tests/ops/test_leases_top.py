@@ -54,6 +54,8 @@ async def test_lost_lease_then_takeover_and_top_shows_the_tile(
     assert names.stream(n.STREAM_TILES) in top.out and "workers" in top.out
     in_flight = top.out.split("IN FLIGHT", 1)[1]
     assert job_id in in_flight and "worker-1" in in_flight, top.out
+    workers = top.out.split("WORKERS (1, ", 1)[1].split("IN FLIGHT", 1)[0]
+    assert "worker-1" in workers and "tessera/" in workers and f"{job_id[:8]}:0" in workers
 
     kv = await nc.jetstream().key_value(names.bucket(n.BUCKET_LEASES))
     await kv.delete(n.lease_key_tile(job_id, 0))  # the owner's next renew is refused

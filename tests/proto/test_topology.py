@@ -133,7 +133,7 @@ async def test_every_stream_consumer_and_bucket_is_described(nc: Client) -> None
     js, topo = nc.jetstream(), fresh()
     await ensure_topology(js, topo)
     found = await descriptions(js, topo)
-    assert len(found) == 13  # 5 streams, 2 buckets, 6 consumers (3 of them on TILES)
+    assert len(found) == 14  # 5 streams, 3 buckets, 6 consumers (3 of them on TILES)
     assert all(d and len(d) > 40 for d in found), found
     kv = await js.key_value(topo.names.bucket(n.BUCKET_LEASES))  # what `nats kv ls` shows
     assert "lease" in ((await kv.status()).stream_info.config.description or "")
@@ -145,7 +145,7 @@ async def test_ensure_describes_an_existing_undescribed_topology(nc: Client) -> 
     js, topo = nc.jetstream(), fresh()
     old = Undescribed(prefix=topo.prefix)
     await ensure_topology(js, old)
-    assert await descriptions(js, old) == [None] * 13
+    assert await descriptions(js, old) == [None] * 14
     tiles = topo.names.stream(n.STREAM_TILES)
     await js.publish(topo.names.tile_subject("j1", 0), b"x")
     await ensure_topology(js, topo)

@@ -1,4 +1,4 @@
-"""The scheduler's planner and exhausted-deliveries handler on the metadata double.
+"""The scheduler's planner, dispatcher and exhausted-deliveries handler on the metadata double.
 
 The metadata store is :class:`~tests.doubles.metadata.MemoryMetadata` (held to PostgreSQL by
 ``tests/doubles/test_metadata_contract.py``) and the delivery a
@@ -19,6 +19,7 @@ from nats.js.errors import NotFoundError as StreamMsgNotFound
 
 from proto import names as n
 from proto.messages import JobMessage, TileMessage
+from services.scheduler.dispatch import Dispatcher
 from services.scheduler.exhausted import Exhausted
 from services.scheduler.planner import Planner
 from shared.core.config import Settings
@@ -85,15 +86,17 @@ def _job_delivery(job: Job) -> FakeDelivery:
     return FakeDelivery(JobMessage(job.job_id, job.generation).encode())
 
 
-async def test_plan_writes_the_tiles_and_publishes_them(rig: Rig):
+async def test_plan_writes_the_tiles_and_publishes_nothing(rig: Rig):
     job = await _submitted(rig)
-    d = _job_delivery(job)
-    assert await Planner(rig.rt).outcome(d) is ACK
+    nudged: list[bool] = []
+    planner = Planner(rig.rt, on_planned=lambda: nudged.append(True))
+    assert await planner.outcome(_job_delivery(job)) is ACK
     tiles = await rig.db.list_tiles(job.job_id)
     assert [t.rect for t in tiles] == [tuple(r) for r in RECTS]
-    assert all(t.state is TileState.QUEUED and t.published_at is not None for t in tiles)
+    assert all(t.state is TileState.QUEUED and t.published_at is None for t in tiles)
     assert (await rig.job(job.job_id)).state is JobState.RUNNING
-    assert await rig.messages(n.STREAM_TILES) == len(RECTS)
+    assert await rig.messages(n.STREAM_TILES) == 0, "the dispatcher releases them"
+    assert nudged == [True]
 
 
 async def test_a_replan_is_idempotent(rig: Rig):
@@ -103,11 +106,28 @@ async def test_a_replan_is_idempotent(rig: Rig):
     before = await rig.db.list_tiles(job.job_id)
     assert await planner.outcome(FakeDelivery(_job_delivery(job).data, deliveries=2)) is ACK
     after = await rig.db.list_tiles(job.job_id)
-    assert [(t.tile_index, t.rect, t.state, t.generation) for t in after] == [
-        (t.tile_index, t.rect, t.state, t.generation) for t in before
-    ]
-    assert await rig.messages(n.STREAM_TILES) == len(RECTS), "the copies were de-duplicated"
+    assert after == before
+    assert await rig.messages(n.STREAM_TILES) == 0
     assert (await rig.job(job.job_id)).state is JobState.RUNNING
+
+
+async def test_a_dispatch_round_publishes_what_it_released(rig: Rig):
+    job = await _submitted(rig)
+    assert await Planner(rig.rt).outcome(_job_delivery(job)) is ACK
+    dispatcher = Dispatcher(rig.rt)
+    first = await dispatcher.dispatch_once({"tessera": 3})
+    assert [(t.tile_index, t.generation) for t in first] == [(0, 1), (1, 1), (2, 1)]
+    assert await rig.messages(n.STREAM_TILES) == 3
+    stream = rig.rt.names.stream(n.STREAM_TILES)
+    msg = await rig.rt.js.get_last_msg(stream, rig.rt.names.tile_subject(job.job_id, 0))
+    assert msg.headers is not None
+    assert msg.headers["Nats-Msg-Id"] == n.tile_msg_id(job.job_id, 0, 1)
+    assert TileMessage.decode(msg.data or b"").generation == 1
+    assert await dispatcher.dispatch_once({"tessera": 3}) == [], "the window is full"
+    assert [t.tile_index for t in await dispatcher.dispatch_once({"tessera": 4})] == [3]
+    registry = rig.rt.metrics.registry
+    released = registry.get_sample_value("tessera_dispatch_released_total", {"renderer": "tessera"})
+    assert released == 4
 
 
 async def test_a_cancelled_job_is_not_planned(rig: Rig):

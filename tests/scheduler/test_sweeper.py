@@ -1,6 +1,7 @@
 """The sweeper against real servers: it re-publishes lost tiles and only those.
 
-The sweeper runs in-process on a scheduler Runtime, the planner publishes real TILES messages,
+The sweeper runs in-process on a scheduler Runtime, the planner writes the rows and a dispatcher
+round releases them (real TILES messages, generation 1),
 and a miniature worker (lease, fence, fenced commit, release, ack: the worker's own store and
 lease calls) renders tiles at a pause point (:mod:`shared.core.pauses`) inside the sweep, which is
 where the issue-14 race happened: tiles read as stale, then rendered, committed and acked
@@ -18,6 +19,7 @@ from nats.js.errors import NotFoundError as StreamMsgNotFound
 
 from proto import names as n
 from proto.messages import JobMessage, TileMessage
+from services.scheduler.dispatch import Dispatcher
 from services.scheduler.planner import Planner
 from services.scheduler.sweeper import Sweeper
 from shared.core import pauses
@@ -30,16 +32,18 @@ from tests.metadata.conftest import make_new_job
 
 TILES = 48
 """A 64x48 job with 8-pixel tiles."""
+G = 1
+"""The generation of a tile's first release."""
 
 
 async def _job(rt: Runtime, *, publish: bool = True) -> str:
-    """A submitted job with its 48 tiles planned (and, with ``publish``, their messages)."""
+    """A submitted job with its 48 tiles planned (and, with ``publish``, released: their
+    messages published by a dispatcher round)."""
     job_id = (await rt.db.submit_job(make_new_job(tile_size=8, spp=1))).job.job_id
+    await Planner(rt).plan(JobMessage(job_id, 0))
     if publish:
-        await Planner(rt).plan(JobMessage(job_id, 0))
-    else:  # rows written, TILES not yet published: the planner is still at it
-        rects = [(x, y, x + 8, y + 8) for y in range(0, 48, 8) for x in range(0, 64, 8)]
-        await rt.db.plan_tiles(job_id, rects, node="planner")
+        released = await Dispatcher(rt).dispatch_once({"tessera": 1000})
+        assert len(released) == TILES
     return job_id
 
 
@@ -129,21 +133,31 @@ async def _tiles(rt: Runtime, job_id: str) -> list[Tile]:
     return await rt.db.list_tiles(job_id)
 
 
-async def test_tiles_the_planner_is_still_publishing_are_not_lost(runtime: Runtime) -> None:
-    """Rows written, messages not yet published (``published_at`` NULL): not stale yet."""
+async def test_unreleased_tiles_are_never_swept(runtime: Runtime) -> None:
+    """Rows written, not released (``published_at`` NULL): waiting for the dispatcher by
+    design, however old their rows are."""
     job_id = await _job(runtime, publish=False)
+    await _age(runtime, job_id)
     sweeper = Sweeper(runtime)
     assert await sweeper.sweep_once() == []
     assert _republished(runtime) == 0
-    assert all(t.generation == 0 for t in await _tiles(runtime, job_id))
+    assert all(t.generation == 0 and t.published_at is None for t in await _tiles(runtime, job_id))
     assert (await runtime.js.stream_info(sweeper.stream)).state.messages == 0
-    # The planner died before publishing (and was not replaced) for longer than the sweep age:
-    # now they are lost, and re-published.
+
+
+async def test_released_tiles_never_published_are_swept(runtime: Runtime) -> None:
+    """A dispatcher killed between its release and the publishes (``scheduler.after_release``):
+    the rows are stamped, no message exists; after the sweep age they are re-published."""
+    job_id = await _job(runtime, publish=False)
+    released = await runtime.db.release_tiles({"tessera": 1000}, limit=1000, usage_window=300)
+    assert len(released.tiles) == TILES
+    sweeper = Sweeper(runtime)
+    assert await sweeper.sweep_once() == [], "released just now: not stale yet"
     await _age(runtime, job_id)
     swept = await sweeper.sweep_once()
     assert sorted(t.tile_index for t in swept) == list(range(TILES))
     assert _republished(runtime) == TILES
-    assert {await _generation_in_stream(runtime, job_id, i) for i in range(TILES)} == {1}
+    assert {await _generation_in_stream(runtime, job_id, i) for i in range(TILES)} == {G + 1}
 
 
 @pytest.mark.parametrize("point", ["sweeper.after_snapshot", "sweeper.before_claim"])
@@ -173,13 +187,14 @@ async def test_tiles_done_during_the_sweep_are_not_republished(
     assert [(t.job_id, t.tile_index) for t in swept] == []
     assert _republished(runtime) == 0
     tiles = await _tiles(runtime, job_id)
-    assert all(t.state is TileState.DONE and t.generation == 0 for t in tiles)
+    assert all(t.state is TileState.DONE and t.generation == G for t in tiles)
     assert (await runtime.js.stream_info(sweeper.stream)).state.messages == 0
     assert _skipped(runtime, "changed") == TILES
 
 
 async def test_only_lost_tiles_are_republished(runtime: Runtime) -> None:
-    """Stale tiles with a message or a live lease stay; the rest go out as generation 1."""
+    """Stale tiles with a message or a live lease stay; the rest go out as the next
+    generation."""
     job_id = await _job(runtime)
     await _delete_messages(runtime, job_id, [3, 5, 7, 9])
     # tile 5 is being rendered (live lease, no message: a stale owner acked it); tile 7 was
@@ -194,15 +209,15 @@ async def test_only_lost_tiles_are_republished(runtime: Runtime) -> None:
     sweeper = Sweeper(runtime)
     swept = await sweeper.sweep_once()
     assert sorted(t.tile_index for t in swept) == [3, 7, 9]
-    assert all(t.generation == 1 for t in swept)
+    assert all(t.generation == G + 1 for t in swept)
     assert _republished(runtime) == 3
     assert _skipped(runtime, "message") == TILES - 4
     assert _skipped(runtime, "lease") == 1
     by_index = {t.tile_index: t for t in await _tiles(runtime, job_id)}
     for i in (3, 7, 9):
-        assert by_index[i].generation == 1
-        assert await _generation_in_stream(runtime, job_id, i) == 1
-    assert by_index[5].generation == 0 and await _generation_in_stream(runtime, job_id, 5) is None
+        assert by_index[i].generation == G + 1
+        assert await _generation_in_stream(runtime, job_id, i) == G + 1
+    assert by_index[5].generation == G and await _generation_in_stream(runtime, job_id, 5) is None
     # The re-published tiles were published just now: the next pass leaves them alone.
     assert await sweeper.sweep_once() == []
     assert _republished(runtime) == 3
@@ -218,7 +233,7 @@ async def test_a_sweep_pass_that_outlives_its_snapshot_starts_over(runtime: Runt
     assert await sweeper.sweep_once() == []
     assert _republished(runtime) == 0
     assert _skipped(runtime, "expired") > 0
-    assert all(t.generation == 0 for t in await _tiles(runtime, job_id))
+    assert all(t.generation == G for t in await _tiles(runtime, job_id))
     sweeper.max_snapshot_age = 60.0
     assert sorted(t.tile_index for t in await sweeper.sweep_once()) == [0, 1]
     assert _republished(runtime) == 2

@@ -27,6 +27,7 @@ import kernel
 from proto import names as n
 from proto.messages import JobMessage, TileMessage
 from services.gateway.handlers import Handlers
+from services.scheduler.dispatch import Dispatcher
 from services.scheduler.exhausted import Exhausted
 from services.scheduler.planner import Planner
 from services.worker.loop import Worker
@@ -109,6 +110,7 @@ async def _submit(rt: Runtime, **over: Any) -> str:
     handlers = Handlers(rt.db, rt.js, rt.names, rt.log)
     job_id = (await handlers.submit(orjson.dumps(BODY | over), None)).job_id
     await Planner(rt).plan(JobMessage(job_id, 0))
+    await Dispatcher(rt).dispatch_once({"tessera": 1000})  # released: its TILES messages
     return job_id
 
 
@@ -171,12 +173,13 @@ async def test_a_commit_refused_as_already_done_is_not_counted_as_this_workers_t
         async with _held(a, job_id) as held:
             first = await _attempt_of(a, job_id)
             await _expire_lease(a.rt.js, a.rt.names, job_id)
-            # The sweeper's copy of the tile (a new generation) goes to B, which takes over.
-            copy = TileMessage(job_id, 0, generation=1)
+            # The sweeper's copy of the tile (the generation after the release's 1) goes to B,
+            # which takes over.
+            copy = TileMessage(job_id, 0, generation=2)
             await a.rt.js.publish(
                 a.rt.names.tile_subject(job_id, 0),
                 copy.encode(),
-                headers={"Nats-Msg-Id": n.tile_msg_id(job_id, 0, 1)},
+                headers={"Nats-Msg-Id": n.tile_msg_id(job_id, 0, 2)},
             )
             await asyncio.wait_for(b.worker.handle(await b.fetch()), 60)
             tile = await b.rt.db.get_tile(job_id, 0)

@@ -494,3 +494,16 @@ async def test_a_pass_that_can_be_interrupted_is_cancelled_mid_way(
         )
         assert ours is not None and theirs is not None
         assert ours.result_sha256 == theirs.result_sha256, "the partial pass left no trace"
+
+
+async def test_a_superseded_generation_is_dropped_and_the_current_one_renders(rig: Rig):
+    """Released again (generation 1) after a message of generation 0 went out: the old copy is
+    acked without a lease or an attempt; the current one renders."""
+    released = await rig.db.release_tiles({"tessera": 1}, limit=1, usage_window=300)
+    assert [t.generation for t in released.tiles] == [1]
+    old, d = await rig.run(FakeDelivery(TileMessage(rig.job.job_id, 0, 0).encode()))
+    assert d.settled == "ack" and old.token is None, "nothing leased for a superseded message"
+    assert await rig.outcomes() == [] and await rig.tile_state() is TileState.QUEUED
+    assert rig.count("tessera_superseded_messages_total") == 1
+    _, current = await rig.run(FakeDelivery(TileMessage(rig.job.job_id, 0, 1).encode()))
+    assert current.settled == "ack" and await rig.tile_state() is TileState.DONE

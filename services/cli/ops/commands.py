@@ -95,7 +95,7 @@ async def top(session: Session, args: argparse.Namespace) -> int:
     try:
         while True:
             try:
-                share = session.settings.scheduler.share_window
+                share = session.settings.scheduler.fair_share_window
                 frame = render(
                     await snapshot(js, topology, db, window=args.window, share_window=share)
                 )

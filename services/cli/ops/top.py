@@ -4,7 +4,8 @@ A snapshot reads NATS and PostgreSQL directly (an operator tool, with the same `
 environment as the services): stream depths and oldest-message ages
 (:func:`shared.nats.streams.read_stats`), tiles in flight with the node holding each lease and
 the lease's age (the leases bucket), jobs per state, tiles committed per second over a window
-(the audit trail), and the newest failures (audit rows with an error code). Every read is
+(the audit trail), the newest failures (audit rows with an error code) and the live workers
+(the ``tessera-workers`` bucket: node, kernel threads, renderers, tiles in hand). Every read is
 bounded, so refreshing every second is cheap.
 """
 
@@ -26,6 +27,7 @@ from shared.core.lifecycle import JobState
 from shared.metadata import AuditEvent, MetadataStore, ProjectView
 from shared.metadata.ops import InFlightTile
 from shared.nats.jetstream import retry_transient
+from shared.nats.presence import LiveWorkers, WorkerInfo
 from shared.nats.streams import StreamStats, read_stats
 
 __all__ = ["LeaseView", "Snapshot", "render", "snapshot"]
@@ -59,6 +61,7 @@ class Snapshot:
     #: per project: queued and in-flight tiles, core-second share over ``share_window``
     projects: list[ProjectView] = field(default_factory=list)
     share_window: float = 0.0
+    workers: list[WorkerInfo] = field(default_factory=list)
 
 
 async def lease_of(js: JetStreamContext, bucket: str, key: str) -> LeaseView | None:
@@ -91,7 +94,7 @@ async def snapshot(
     window: float = 10.0,
     tiles: int = 20,
     failures: int = 8,
-    share_window: float = 600.0,
+    share_window: float = 300.0,
 ) -> Snapshot:
     """Read one frame's worth of state."""
     bucket = topology.names.bucket(n.BUCKET_LEASES)
@@ -111,6 +114,7 @@ async def snapshot(
         failures=await db.ops.recent_failures(limit=failures),
         projects=await db.projects(window=share_window),
         share_window=share_window,
+        workers=await LiveWorkers(js, topology.names.bucket(n.BUCKET_WORKERS)).list(),
     )
 
 
@@ -140,7 +144,18 @@ def render(s: Snapshot) -> str:
     jobs = ", ".join(f"{state.value} {count}" for state, count in sorted(s.jobs.items()))
     lines += [f"JOBS  {jobs or 'none'}"]
     lines += [f"RATE  {s.tiles_per_second:.2f} tiles done/s (last {s.window:g}s)", ""]
-    lines += [f"IN FLIGHT ({len(s.in_flight)})"]
+    threads = sum(w.threads for w in s.workers)
+    lines += [f"WORKERS ({len(s.workers)}, {threads} kernel threads)"]
+    lines += table_lines(
+        ("NODE", "THREADS", "IN HAND", "RENDERERS", "UP", "CURRENT"),
+        [(w.node, w.threads, w.in_hand,
+          " ".join(f"{name}/{version}" for name, version in sorted(w.renderers.items())),
+          _age(max(0.0, s.at - w.started_at)),
+          " ".join(f"{job[:8]}:{tile}" for job, tile in w.current[:4])
+          + (f" +{len(w.current) - 4}" if len(w.current) > 4 else ""))
+         for w in s.workers],
+    )  # fmt: skip
+    lines += ["", f"IN FLIGHT ({len(s.in_flight)})"]
     lines += table_lines(
         ("JOB", "TILE", "STATE", "SAMPLES", "WORKER", "LEASE AGE", "FENCE"),
         [(t.job_id, t.tile_index, t.state.value, f"{t.samples_done}/{t.spp}",

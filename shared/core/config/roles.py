@@ -175,11 +175,38 @@ class SchedulerSettings:
         read_by="scheduler",
         minimum=0.1,
     )
-    #: the sliding window over which a project's share of kernel core-seconds is measured
-    share_window: float = _knob(
-        600.0,
-        "TESSERA_SHARE_WINDOW",
-        "window of a project's core-second share (`project list`, `top`, metrics) (s)",
+    #: the dispatcher's longest wait between rounds (tile-done events and new plans wake it)
+    dispatch_interval: float = _knob(
+        0.25,
+        "TESSERA_DISPATCH_INTERVAL",
+        "longest wait between dispatch rounds (s); a tile-done event or a new plan wakes the "
+        "dispatcher sooner",
+        read_by="scheduler",
+        minimum=0.01,
+    )
+    #: tiles released per live kernel thread (the window is this x threads, minus in flight)
+    dispatch_factor: float = _knob(
+        2.0,
+        "TESSERA_DISPATCH_FACTOR",
+        "dispatch window per renderer = this x the kernel threads of its live workers, minus its "
+        "released-and-unfinished tiles",
+        read_by="scheduler",
+        minimum=0.1,
+    )
+    #: most tiles one dispatch round releases
+    dispatch_batch: int = _knob(
+        512,
+        "TESSERA_DISPATCH_BATCH",
+        "most tiles one dispatch round releases (one transaction, then their publishes)",
+        read_by="scheduler",
+        minimum=1,
+    )
+    #: the sliding window over which fair share measures each project's core-seconds
+    fair_share_window: float = _knob(
+        300.0,
+        "TESSERA_FAIR_SHARE_WINDOW",
+        "sliding window (s) over which fair share sums each project's kernel core-seconds (the "
+        "dispatcher's order; the share `project list`, `top` and the metrics show)",
         read_by="scheduler, gateway",
         minimum=1.0,
     )

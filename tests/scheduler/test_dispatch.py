@@ -1,0 +1,156 @@
+"""The dispatcher against real servers: fair share by weight and usage, a project's cap, two
+dispatchers at once, a large job cancelled before release, and the live-workers window.
+
+No workers render here: the queue is filled with planned jobs and a dispatcher round (with a
+fixed window, or the window of workers announced in the real bucket) is called; what it
+released is read back from PostgreSQL and TILES.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import asyncpg
+
+from proto import names as n
+from proto.messages import JobMessage
+from services.scheduler.dispatch import Dispatcher
+from services.scheduler.planner import Planner
+from shared.core.lifecycle import TileState
+from shared.metadata import MetadataStore, Tile
+from shared.nats.presence import LiveWorkers, WorkerInfo
+from shared.service.runtime import Runtime
+from tests.helpers import eventually
+from tests.metadata.conftest import make_new_job
+
+TILES = 48
+"""A 64x48 job with 8-pixel tiles."""
+
+
+async def _job(rt: Runtime, project: str = "demo", **over: Any) -> str:
+    """A submitted job of ``project`` with its 48 tiles planned (unreleased)."""
+    new = make_new_job(tile_size=8, spp=1, project=project, **over)
+    job_id = (await rt.db.submit_job(new)).job.job_id
+    await Planner(rt).plan(JobMessage(job_id, 0))
+    return job_id
+
+
+async def _sql(rt: Runtime, query: str, *args: object) -> None:
+    conn = await asyncpg.connect(rt.settings.database_url)
+    try:
+        await conn.execute(query, *args)
+    finally:
+        await conn.close()
+
+
+async def _messages(rt: Runtime) -> int:
+    info = await rt.js.stream_info(rt.names.stream(n.STREAM_TILES))
+    return int(info.state.messages)
+
+
+def _by_job(tiles: list[Tile]) -> Counter[str]:
+    return Counter(t.job_id for t in tiles)
+
+
+async def test_weights_split_a_round_two_to_one(runtime: Runtime) -> None:
+    await _sql(runtime, "INSERT INTO projects (name, weight) VALUES ('alpha', 2), ('beta', 1)")
+    alpha, beta = await _job(runtime, "alpha"), await _job(runtime, "beta")
+    released = await Dispatcher(runtime).dispatch_once({"tessera": 12})
+    assert _by_job(released) == {alpha: 8, beta: 4}
+    assert await _messages(runtime) == 12
+
+
+async def test_usage_in_the_window_goes_first_to_the_project_that_had_less(
+    runtime: Runtime,
+) -> None:
+    """alpha rendered 100 core-seconds a minute ago (an attempt that failed: no tile-cost
+    estimate from it, so one tile is estimated at the default 1 s): beta gets the round."""
+    alpha, beta = await _job(runtime, "alpha"), await _job(runtime, "beta")
+    await _sql(
+        runtime,
+        "INSERT INTO attempts (attempt_id, job_id, tile_index, kind, started_at, ended_at, "
+        "outcome) VALUES ('old', $1, 47, 'tile', now() - interval '160 s', "
+        "now() - interval '60 s', 'retryable')",
+        alpha,
+    )
+    released = await Dispatcher(runtime).dispatch_once({"tessera": 10})
+    assert _by_job(released) == {beta: 10}, "beta is 100 core-seconds behind"
+    # Over a 30 s window the attempt counts for nothing, and beta's 10 released tiles not yet
+    # started count at the estimate: alpha is behind now.
+    got = await runtime.db.release_tiles({"tessera": 20}, limit=4, usage_window=30.0)
+    assert _by_job(got.tiles) == {alpha: 4}
+
+
+async def test_a_project_cap_bounds_its_released_and_unfinished_tiles(runtime: Runtime) -> None:
+    await _sql(runtime, "INSERT INTO projects (name, weight, max_in_flight) VALUES ('alpha', 5, 3)")
+    alpha, beta = await _job(runtime, "alpha", priority=90), await _job(runtime, "beta")
+    dispatcher = Dispatcher(runtime)
+    assert _by_job(await dispatcher.dispatch_once({"tessera": 10})) == {alpha: 3, beta: 7}
+    assert _by_job(await dispatcher.dispatch_once({"tessera": 20})) == {beta: 10}
+
+
+async def test_two_dispatchers_never_release_a_tile_twice_nor_past_the_window(
+    runtime: Runtime,
+) -> None:
+    """Two stores (two schedulers' pools) releasing at once, many rounds each: every tile is
+    released once (generation 1) and the released total never passes the window."""
+    jobs = [await _job(runtime, p) for p in ("alpha", "beta", "gamma")]
+    other = await MetadataStore.connect(runtime.settings.database_url)
+    try:
+
+        async def rounds(store: MetadataStore) -> list[int]:
+            out = []
+            for _ in range(15):
+                got = await store.release_tiles({"tessera": 40}, limit=3, usage_window=300)
+                out += [t.generation for t in got.tiles]
+            return out
+
+        a, b = await asyncio.gather(rounds(runtime.db), rounds(other))
+    finally:
+        await other.close()
+    assert len(a) + len(b) == 40, "the window (40), not the 90 rounds' worth"
+    assert set(a + b) == {1}
+    tiles = [t for j in jobs for t in await runtime.db.list_tiles(j)]
+    assert sum(t.published_at is not None for t in tiles) == 40
+    assert all(t.generation == (1 if t.published_at else 0) for t in tiles)
+
+
+async def test_a_large_job_cancelled_before_release_publishes_nothing(runtime: Runtime) -> None:
+    """4,000 tiles planned, cancelled before any release: no TILES message for them, ever."""
+    job_id = await _job(runtime, width=640, height=400)  # 80 x 50 tiles of 8 px
+    assert len(await runtime.db.list_tiles(job_id)) == 4000
+    await runtime.db.request_cancel(job_id)
+    live = await _job(runtime, "other")
+    dispatcher = Dispatcher(runtime)
+    released = await dispatcher.dispatch_once({"tessera": 5000})
+    assert _by_job(released) == {live: TILES}, "only the live job's tiles"
+    assert await dispatcher.dispatch_once({"tessera": 5000}) == []
+    assert await _messages(runtime) == TILES
+    stream = runtime.names.stream(n.STREAM_TILES)
+    listed = await runtime.js.stream_info(stream, runtime.names.tile_subjects_of(job_id))
+    assert not listed.state.subjects
+    assert {t.state for t in await runtime.db.list_tiles(job_id)} == {TileState.CANCELLED}
+
+
+async def test_the_window_comes_from_the_live_workers(runtime: Runtime) -> None:
+    """Two announced workers (2 and 3 threads, factor 2): a window of 10; one removed: 4."""
+    job_id = await _job(runtime)
+    bucket = LiveWorkers(runtime.js, runtime.names.bucket(n.BUCKET_WORKERS))
+    for node, threads in (("w1", 2), ("w2", 3)):
+        await bucket.put(WorkerInfo(node, threads, 2 * threads, {"tessera": "k1"}, "t", 0.0))
+    dispatcher = Dispatcher(runtime)
+    assert await dispatcher.capacity() == {"tessera": 10}
+    assert len(await dispatcher.dispatch_once()) == 10
+    await bucket.remove("w2")
+    assert [w.node for w in await bucket.list()] == ["w1"]
+    dispatcher = Dispatcher(runtime)  # a fresh reading of the bucket
+    assert await dispatcher.capacity() == {"tessera": 4}
+    assert await dispatcher.dispatch_once() == [], "10 released and unfinished, window 4"
+    await eventually(lambda: _messages_are(runtime, 10), timeout=5, what="the 10 released messages")
+    assert sum(t.published_at is not None for t in await runtime.db.list_tiles(job_id)) == 10
+
+
+async def _messages_are(rt: Runtime, count: int) -> bool:
+    return await _messages(rt) == count
