@@ -10,8 +10,9 @@ Run: ``python -m bench.scheduling`` (``--seconds 30`` for a short run). On the e
     from its submit (``jobs.created_at``) to its first leased tile (its first attempt's
     ``started_at``), against one tile duration (median attempt of the priority-50 tiles) plus one
     dispatch interval;
-(c) pause latency: :func:`bench_pause` is the hook (``bench/scheduling_pause.py`` fills it in
-    when pause exists);
+(c) pause latency, request to all of the job's leases released, against one pass + 1 s:
+    :func:`bench.scheduling_pause.pause_latencies` (also runnable alone,
+    ``python -m bench.scheduling_pause``);
 (d) the tiny-tile throughput of ``bench/pipeline.py`` (b) with dispatch on (this tree) against
     the tree before dispatch (``--before DIR``, a ``git worktree add DIR 40d288f``), run one after
     the other in this run; target at most 10 % below.
@@ -36,6 +37,7 @@ from typing import Any
 import asyncpg
 
 from bench.counters import service_env
+from bench.scheduling_pause import pause_latencies, report
 from proto.api import SubmitRequest
 from proto.names import Names
 from services.cli.local import ServiceProcesses
@@ -47,9 +49,6 @@ from shared.nats.jetstream import connect_nats
 
 REPO = Path(__file__).resolve().parents[1]
 TERMINAL = ("completed", "failed_terminal", "dead_lettered", "cancelled")
-
-#: (c)'s hook: ``bench_pause(stack) -> seconds`` from pause request to all leases released
-bench_pause: Callable[[Stack], float] | None = None
 
 
 def _procs(stack: Stack, env: Mapping[str, str], workers: int) -> ServiceProcesses:
@@ -230,8 +229,9 @@ def main() -> None:
                 f"{tile + interval:.3f} s"
             )
             print(summary[-1], flush=True)
-        if "c" not in skip and bench_pause is not None:
-            summary.append(f"(c) pause latency {bench_pause(stack):.3f} s")
+        if "c" not in skip:
+            seconds = pause_latencies(stack)
+            summary.append(report(seconds, pass_seconds=1.0, slots=2))
             print(summary[-1], flush=True)
     if "d" not in skip:
         if args.before is None:

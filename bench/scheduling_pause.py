@@ -28,7 +28,7 @@ from shared.devstack.stack import Stack
 from shared.metadata import MetadataStore
 from shared.nats.jetstream import connect_nats
 
-__all__ = ["measure_pause"]
+__all__ = ["measure_pause", "pause_latencies", "report"]
 
 _POLL = 0.005
 
@@ -68,6 +68,36 @@ async def measure_pause(env: Mapping[str, str], *, rounds: int, in_flight: int) 
         await nc.close()
 
 
+def pause_latencies(stack: Stack, *, rounds: int = 5, pass_seconds: float = 1.0,
+                    slots: int = 2) -> list[float]:  # fmt: skip
+    """(c) on ``stack``: the four services started with one worker of ``slots`` kernel threads
+    and passes of ``pass_seconds``, then ``rounds`` pauses measured; the services stopped."""
+    env = {
+        "TESSERA_NAMESPACE": "benchPause",
+        "TESSERA_PASS_SECONDS": str(pass_seconds),
+        "TESSERA_WORKER_SLOTS": str(slots),
+        "TESSERA_CHECKPOINT_INTERVAL": "30",
+    }
+    procs = with_services(stack, env, workers=1)
+    try:
+        return asyncio.run(measure_pause(stack.env() | env, rounds=rounds, in_flight=slots))
+    finally:
+        procs.stop_all()
+
+
+def report(seconds: list[float], *, pass_seconds: float, slots: int) -> str:
+    """The figure's lines, with the target."""
+    target = pass_seconds + 1.0
+    return (
+        f"(c) pause latency, request -> all leases released, {len(seconds)} pauses, "
+        f"{slots} tiles in flight, pass {pass_seconds:g} s:\n"
+        "    " + ", ".join(f"{s:.3f}" for s in seconds) + " s\n"
+        f"    median {statistics.median(seconds):.3f} s, max {max(seconds):.3f} s; "
+        f"target <= one pass + 1 s = {target:g} s: "
+        f"{'met' if max(seconds) <= target else 'MISSED'}"
+    )
+
+
 def main() -> None:
     """Measure and print the pause latency against its target."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -75,29 +105,14 @@ def main() -> None:
     parser.add_argument("--pass-seconds", type=float, default=1.0, help="TESSERA_PASS_SECONDS")
     parser.add_argument("--slots", type=int, default=2, help="kernel threads of the worker")
     args = parser.parse_args()
-    env = {
-        "TESSERA_NAMESPACE": "benchPause",
-        "TESSERA_PASS_SECONDS": str(args.pass_seconds),
-        "TESSERA_WORKER_SLOTS": str(args.slots),
-        "TESSERA_CHECKPOINT_INTERVAL": "30",
-    }
     with (
         tempfile.TemporaryDirectory(prefix="tessera-bench-") as tmp,
         Stack(Path(tmp), durable=False) as stack,
     ):
-        procs = with_services(stack, env, workers=1)
-        try:
-            full = stack.env() | env
-            seconds = asyncio.run(measure_pause(full, rounds=args.rounds, in_flight=args.slots))
-        finally:
-            procs.stop_all()
-    target = args.pass_seconds + 1.0
-    print(f"(c) pause latency, request -> all leases released, {len(seconds)} pauses, "
-          f"{args.slots} tiles in flight, pass {args.pass_seconds:g} s:")  # fmt: skip
-    print("    " + ", ".join(f"{s:.3f}" for s in seconds) + " s")
-    print(f"    median {statistics.median(seconds):.3f} s, max {max(seconds):.3f} s; "
-          f"target <= one pass + 1 s = {target:g} s: "
-          f"{'met' if max(seconds) <= target else 'MISSED'}")  # fmt: skip
+        seconds = pause_latencies(
+            stack, rounds=args.rounds, pass_seconds=args.pass_seconds, slots=args.slots
+        )
+    print(report(seconds, pass_seconds=args.pass_seconds, slots=args.slots))
 
 
 if __name__ == "__main__":
