@@ -22,7 +22,7 @@ subject                   schema              fields
                                               tiles_by_state, samples_total, samples_done,
                                               cancel_requested, result_location,
                                               result_sha256, float_location, last_error_code,
-                                              last_error
+                                              last_error, waiting
 ``tessera.api.list``      ListReply           jobs, next_cursor
 ``tessera.api.cancel``    CancelReply         job_id, state, cancel_requested
 ``tessera.api.retry``     RetryReply          job_id, state, generation, replayed
@@ -46,7 +46,7 @@ subject                   schema              fields
 ``.asset.manifest``       AssetManifestReply  asset, main, files, size, stored
 (items)                   JobSummary          job_id, project, state, frame, width, height,
                                               spp, generation, created_at, updated_at,
-                                              finished_at, priority, deadline_at
+                                              finished_at, priority, deadline_at, renderer
 (items)                   DeadLetterView      seq, subject, time, malformed, job_id, unit,
                                               reason, error, source_stream, source_seq,
                                               deliveries, original_subject
@@ -105,6 +105,7 @@ class JobSummary:
     deadline_at: Annotated[
         str | None, "when it fails ``deadline_exceeded`` if not completed (timestamp); null: none"
     ]
+    renderer: Annotated[str, "what renders it: tessera (the built-in kernel), blender or povray"]
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,11 @@ class StatusReply(JobSummary):
     ]
     last_error_code: Annotated[str | None, "code of the last failure (e.g. invalid); null if none"]
     last_error: Annotated[str | None, "message of the last failure, for humans; null if none"]
+    waiting: Annotated[
+        str | None,
+        "why its tiles are not being rendered, when the farm knows (no live worker runs its "
+        "renderer); null otherwise",
+    ]
 
 
 @dataclass(frozen=True)

@@ -36,11 +36,14 @@ def status_text(s: dict[str, Any]) -> str:
         ("tiles", percent(s["tiles_done"], s["tiles_total"])),
         ("samples", percent(s["samples_done"], s["samples_total"])),
     ]
+    rows.append(("renderer", s.get("renderer", "tessera")))
     rows.append(("priority", str(s.get("priority", 50))))
     if s.get("deadline_at"):
         rows.append(("deadline", s["deadline_at"]))
     if s.get("state") == "paused":
         rows.append(("paused", "yes: nothing is released; `tessera resume` continues it"))
+    if s.get("waiting"):
+        rows.append(("waiting", s["waiting"]))
     if s.get("cancel_requested"):
         rows.append(("cancel", "requested"))
     if s.get("result_location"):

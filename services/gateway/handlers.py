@@ -30,16 +30,24 @@ from proto.idempotency import (
     scene_hash,
 )
 from proto.messages import JobEvent, JobMessage
-from proto.names import EventKind, Names, event_msg_id, job_msg_id, new_job_id
+from proto.names import (
+    BUCKET_WORKERS,
+    EventKind,
+    Names,
+    event_msg_id,
+    job_msg_id,
+    new_job_id,
+)
 from services.gateway.intake import Intake
 from services.gateway.scenes import check_submission, check_submission_sync
 from services.gateway.views import job_status, job_summary
 from shared.core.errors import NotFoundError
-from shared.core.lifecycle import IllegalTransition, JobState
+from shared.core.lifecycle import IllegalTransition, JobState, is_terminal
 from shared.metadata import MetadataStore
 from shared.metadata.jobs import MAX_LIST
 from shared.metadata.models import Job, NewJob
 from shared.nats.jetstream import publish
+from shared.nats.presence import LiveRenderers, LiveWorkers
 from shared.service.logs import Log
 from shared.service.metrics import Metrics
 
@@ -101,6 +109,8 @@ class Handlers:
         self.intake = intake or Intake()
         #: submits answered with an existing job (the same logical request seen again)
         self.duplicate_submits = 0
+        #: which renderers live workers run (the live-workers bucket, read at most every 2 s)
+        self.renderers = LiveRenderers(LiveWorkers(js, names.bucket(BUCKET_WORKERS)))
 
     async def submit(self, data: bytes, headers: Headers) -> SubmitReply:
         """``tessera.api.submit``: create the job once per idempotency key and queue it."""
@@ -152,7 +162,11 @@ class Handlers:
         """``tessera.api.status``: state, progress, result and last error of one job."""
         request = decode_request(data, headers, JobRequest)
         job = await self._job(request.job_id)
-        return job_status(job, await self.db.tile_counts(job.job_id))
+        counts = await self.db.tile_counts(job.job_id)
+        waiting = None
+        if not is_terminal(job.state) and counts.done < (counts.total or 1):
+            waiting = await self.renderers.waiting(job.renderer)
+        return job_status(job, counts, waiting)
 
     async def list(self, data: bytes, headers: Headers) -> ListReply:
         """``tessera.api.list``: a page of jobs, newest first; ``next_cursor`` null at the end."""

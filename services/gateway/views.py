@@ -42,11 +42,13 @@ def job_summary(job: Job) -> JobSummary:
         finished_at=iso(job.finished_at),
         priority=job.priority,
         deadline_at=iso(job.deadline_at),
+        renderer=job.renderer,
     )
 
 
-def job_status(job: Job, counts: TileCounts) -> StatusReply:
-    """Everything ``status`` reports: the summary, progress, result and last error."""
+def job_status(job: Job, counts: TileCounts, waiting: str | None = None) -> StatusReply:
+    """Everything ``status`` reports: the summary, progress, result and last error, and why
+    its tiles wait (``waiting``, see :meth:`~services.gateway.handlers.Handlers.status`)."""
     tiles_total = counts.total or job.tiles_total
     return StatusReply(
         **vars(job_summary(job)),
@@ -64,6 +66,7 @@ def job_status(job: Job, counts: TileCounts) -> StatusReply:
         float_location=job.float_location,
         last_error_code=job.last_error_code,
         last_error=job.last_error,
+        waiting=waiting,
     )
 
 

@@ -10,7 +10,7 @@ user           may
 =============  ===============================================================================
 gateway        serve ``tessera.api.>`` in its queue group and reply (``allow_responses``);
                publish JOBS messages and job-cancelled/-retried/-paused/-resumed events; read
-               and purge DLQ
+               and purge DLQ; read live workers (``status`` says when none runs a renderer)
 scheduler      consume JOBS and ADVISORIES; publish TILES, DLQ copies, job-dead-lettered and
                job-failed (deadlines);
                read/delete messages of JOBS/TILES (exhausted deliveries, sweeper); read leases
@@ -140,6 +140,7 @@ def permissions(
             ev(n.EventKind.JOB_PAUSED),
             ev(n.EventKind.JOB_RESUMED),
             f"{API}.STREAM.MSG.GET.{s(n.STREAM_DLQ)}",
+            f"{API}.STREAM.MSG.GET.KV_{workers}",  # status: which renderers live workers run
             f"{API}.STREAM.PURGE.{s(n.STREAM_DLQ)}",
         ],
         "scheduler": [

@@ -10,6 +10,7 @@ stream (one subject listing, then one read per listed key), as for leases.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -17,11 +18,11 @@ import orjson
 from nats.js import JetStreamContext
 
 from proto import names as n
-from shared.core.errors import DecodeError
+from shared.core.errors import DecodeError, RetryableError, TerminalError
 from shared.nats.jetstream import subjects_with_messages
 from shared.nats.leases import _Bucket
 
-__all__ = ["REFRESH", "TTL", "LiveWorkers", "WorkerInfo", "capacity"]
+__all__ = ["REFRESH", "TTL", "LiveRenderers", "LiveWorkers", "WorkerInfo", "capacity"]
 
 TTL = 10
 """Seconds a worker's key lives without a refresh."""
@@ -104,6 +105,43 @@ class LiveWorkers:
 
         found = await asyncio.gather(*(one(k) for k in keys))
         return sorted((w for w in found if w is not None), key=lambda w: w.node)
+
+
+class LiveRenderers:
+    """Which renderers the live workers run, read from the bucket at most every ``ttl`` seconds
+    (``tessera status`` asks on every call: a cached answer keeps it one SQL read)."""
+
+    def __init__(self, workers: LiveWorkers, ttl: float = 2.0) -> None:
+        self.workers, self.ttl = workers, ttl
+        self._at = -float("inf")
+        self._running: frozenset[str] = frozenset()
+        self._lock = asyncio.Lock()
+
+    async def running(self) -> frozenset[str]:
+        """Names of the renderers at least one live worker announces."""
+        async with self._lock:
+            now = time.monotonic()
+            if now - self._at >= self.ttl:
+                live = await self.workers.list()
+                self._running = frozenset(r for w in live for r in w.renderers)
+                self._at = now
+            return self._running
+
+    async def waiting(self, renderer: str) -> str | None:
+        """Why a job of ``renderer`` waits, if no live worker runs it; ``None`` otherwise (also
+        when the bucket cannot be read: the status must not fail for it)."""
+        try:
+            running = await self.running()
+        except (RetryableError, TerminalError):
+            return None
+        if renderer in running:
+            return None
+        if not running:
+            return "no live worker: its tiles wait until one announces itself"
+        return (
+            f"no live worker runs the {renderer!r} renderer (live workers run: "
+            f"{', '.join(sorted(running))}); its tiles wait until one does"
+        )
 
 
 def capacity(workers: list[WorkerInfo], factor: float) -> dict[str, int]:

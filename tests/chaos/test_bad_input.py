@@ -33,6 +33,7 @@ from tests.helpers import eventually
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(300)]
 
 CODES = {c.value for c in ErrorCode} - {ErrorCode.INTERNAL.value}
+_DIGEST = "ab" * 32
 VALID: dict[ApiVerb, dict[str, Any]] = {
     ApiVerb.SUBMIT: {
         "project": "fuzz",
@@ -51,6 +52,23 @@ VALID: dict[ApiVerb, dict[str, Any]] = {
     ApiVerb.DLQ_PURGE: {"job_id": "01a2b3c4-0000-7000-8000-000000000000", "dry_run": True},
     ApiVerb.DLQ_REQUEUE: {"job_id": "01a2b3c4-0000-7000-8000-000000000000", "dry_run": True},
     ApiVerb.RESULT: {"job_id": "01a2b3c4-0000-7000-8000-000000000000", "kind": "png"},
+    ApiVerb.PRIORITY: {"job_id": "01a2b3c4-0000-7000-8000-000000000000", "priority": 60},
+    ApiVerb.PAUSE: {"job_id": "01a2b3c4-0000-7000-8000-000000000000"},
+    ApiVerb.RESUME: {"job_id": "01a2b3c4-0000-7000-8000-000000000000"},
+    ApiVerb.PROJECT_SET: {"name": "fuzz", "weight": 2, "max_in_flight": 3, "actor": "fuzz"},
+    ApiVerb.PROJECT_LIST: {"limit": 5},
+    ApiVerb.PROJECT_SHOW: {"name": "fuzz"},
+    ApiVerb.ASSET_MISSING: {"chunks": [_DIGEST]},
+    # JSON cannot carry a chunk's bytes (msgpack only): every body of it is refused, as it
+    # must be, and nothing is stored (checked below)
+    ApiVerb.ASSET_CHUNK: {"sha256": _DIGEST, "data": "AAAA"},
+    ApiVerb.ASSET_MANIFEST: {
+        "manifest": {
+            "main": "a.pov",
+            "files": [{"path": "a.pov", "size": 3, "sha256": _DIGEST, "chunks": [_DIGEST]}],
+        },
+        "renderer": "povray",
+    },
 }
 
 nasty_scalars = st.one_of(

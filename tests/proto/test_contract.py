@@ -104,7 +104,7 @@ def test_every_error_code_is_documented() -> None:
 
 
 def test_encode_reply_writes_every_field_nested_ones_too() -> None:
-    summary = JobSummary("j", "p", "queued", 0, 4, 4, 1, 0, "t", "t", None, 50, None)
+    summary = JobSummary("j", "p", "queued", 0, 4, 4, 1, 0, "t", "t", None, 50, None, "tessera")
     reply = orjson.loads(encode_reply(ListReply(jobs=[summary], next_cursor=None)))
     assert list(reply) == ["ok", *reply_fields(ListReply)] and reply["ok"] is True
     assert list(reply["jobs"][0]) == list(reply_fields(JobSummary))

@@ -264,12 +264,17 @@ async def test_a_povray_tile_waits_for_a_worker_with_povray(stack: Stack) -> Non
     )
     tessera_id = (await stack.client.submit(tessera))["job_id"]
     assert (await settle(stack.client, tessera_id, stack.procs))["state"] == "completed"
-    # (planned: the job is ``running``, every tile queued, none started)
-    assert (await stack.client.status(pov_id))["state"] in ("queued", "running")
+    # (planned: the job is ``running``, every tile queued, none started) and status says why
+    waiting = await stack.client.status(pov_id)
+    assert waiting["state"] in ("queued", "running")
+    assert waiting["renderer"] == "povray"
+    assert "no live worker runs the 'povray' renderer" in (waiting["waiting"] or ""), waiting
+    assert (await stack.client.status(tessera_id))["waiting"] is None, "done: nothing waits"
     assert await stack.db.attempts(pov_id) == [], "no attempt by a worker without POV-Ray"
     assert all(t.state is TileState.QUEUED for t in await stack.db.list_tiles(pov_id))
     stack.worker("worker-pov", TESSERA_RENDERERS="povray")
     status = await settle(stack.client, pov_id, stack.procs, timeout=60)
     assert status["state"] == "completed", status
+    assert status["waiting"] is None
     nodes = {a.node for a in await stack.db.attempts(pov_id) if a.kind == "tile"}
     assert nodes == {"worker-pov"}, nodes
