@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from nats.js import JetStreamContext
+
+from proto import names as n
 from proto.api import SubmitRequest
 from services.client.api import GatewayUnavailable, TesseraClient
+from shared.core.errors import TesseraError
+from shared.nats.presence import LiveWorkers, WorkerInfo
 from shared.objectstore import ObjectStore
 from tests.harness import ServiceProcesses
 from tests.helpers import eventually
@@ -57,3 +62,19 @@ async def result_bytes(objects: ObjectStore, status: dict[str, Any]) -> bytes:
     """The published PNG, verified against its recorded checksum."""
     assert status["state"] == "completed", status
     return await objects.get(status["result_location"], sha256=status["result_sha256"])
+
+
+async def announce_idle_worker(js: JetStreamContext, names: n.Names, threads: int = 6) -> None:
+    """A live worker as the dispatcher sees one (``threads`` kernel threads: a window of twice
+    as many tiles) that renders nothing, so tiles are released into TILES with no consumer
+    taking them. Its key lives one presence TTL (10 s): long enough for the next rounds."""
+
+    async def put() -> bool:
+        info = WorkerInfo("idle-worker", threads, 2 * threads, {"tessera": "test"}, "test", 0.0)
+        try:
+            await LiveWorkers(js, names.bucket(n.BUCKET_WORKERS)).put(info)
+        except TesseraError:
+            return False  # the scheduler has not declared the topology yet
+        return True
+
+    await eventually(put, timeout=30, what="an idle worker announced")

@@ -19,7 +19,7 @@ from shared.core.config import Settings
 from shared.metadata import MetadataStore
 from shared.objectstore import ObjectStore
 from tests.e2e.conftest import reference_png
-from tests.e2e.flows import request, result_bytes, settle, submit
+from tests.e2e.flows import announce_idle_worker, request, result_bytes, settle, submit
 from tests.harness import ServiceProcesses
 from tests.helpers import eventually
 
@@ -120,11 +120,13 @@ async def test_a_tiles_message_of_a_paused_job_is_handed_back_and_never_lost(
     nc: NATS,
     e2e_settings: Settings,
 ) -> None:
-    # No worker yet: pause while every tile still waits in TILES; the worker started then
-    # receives their messages for a paused job, hands each back unreleased and acks.
+    # No worker yet, but one announced (so the dispatcher releases the tiles): pause while
+    # every tile still waits in TILES; the worker started then receives their messages for a
+    # paused job, hands each back unreleased and acks.
     services.start("gateway")
     services.start("scheduler")
     services.start("finalizer")
+    await announce_idle_worker(nc.jetstream(), n.Names(e2e_settings.deployment.namespace))
     body = request(width=32, height=32, tile_size=16, spp=8)
     job_id = (await submit(client, body))["job_id"]
 
@@ -141,6 +143,13 @@ async def test_a_tiles_message_of_a_paused_job_is_handed_back_and_never_lost(
         return all(t.state.value == "queued" and t.published_at is None for t in tiles)
 
     await eventually(handed_back, timeout=60, what="the paused job's tiles unreleased")
+    stream = n.Names(e2e_settings.deployment.namespace).stream(n.STREAM_TILES)
+
+    async def consumed() -> bool:  # the worker took every message of the paused job and acked
+        return (await nc.jetstream().stream_info(stream)).state.messages == 0
+
+    await eventually(consumed, timeout=60, what="the paused job's TILES messages acked")
+    assert await handed_back(), "taking the messages released nothing"
     assert not [a for a in await db.attempts(job_id) if a.tile_index is not None]
     await client.resume(job_id)
     final = await settle(client, job_id, services, timeout=120)

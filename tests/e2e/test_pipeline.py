@@ -11,13 +11,11 @@ from proto import names as n
 from proto.messages import TileMessage
 from services.client.api import TesseraClient
 from shared.core.config import Settings
-from shared.core.errors import TesseraError
 from shared.core.lifecycle import JobTrigger
 from shared.metadata import MetadataStore
-from shared.nats.presence import LiveWorkers, WorkerInfo
 from shared.objectstore import DirectoryStore, ObjectStore
 from tests.e2e.conftest import reference_png
-from tests.e2e.flows import request, result_bytes, settle, submit
+from tests.e2e.flows import announce_idle_worker, request, result_bytes, settle, submit
 from tests.harness import ServiceProcesses
 from tests.helpers import eventually
 
@@ -189,8 +187,7 @@ async def test_sweeper_republishes_a_deleted_tile_message(
     js = nc.jetstream()
     stream = names.stream(n.STREAM_TILES)
     # A live worker as the dispatcher sees one (6 threads: a window of 12), that renders nothing.
-    bucket = LiveWorkers(js, names.bucket(n.BUCKET_WORKERS))
-    await eventually(lambda: _announced(bucket), timeout=30, what="the workers bucket exists")
+    await announce_idle_worker(js, names)
     body = request()
     reply = await submit(client, body)
     job_id = reply["job_id"]
@@ -213,14 +210,6 @@ async def test_sweeper_republishes_a_deleted_tile_message(
     services.start("worker", name="worker-1")
     status = await settle(client, job_id, services)
     assert await result_bytes(objects, status) == reference_png(body)
-
-
-async def _announced(bucket: LiveWorkers) -> bool:
-    try:
-        await bucket.put(WorkerInfo("idle-worker", 6, 12, {"tessera": "test"}, "test", 0.0))
-    except TesseraError:
-        return False  # the scheduler has not declared the topology yet
-    return True
 
 
 async def test_sweeper_republishes_a_lost_job_message(

@@ -139,10 +139,17 @@ async def test_pause_unreleases_idle_tiles_resume_releases_them_again(
     assert await db.unrelease_tile(job_id, 2, token=6, attempt_id="a2", node="w")
     outcomes = {a.attempt_id: a.outcome for a in await db.attempts(job_id)}
     assert outcomes["a2"] == "paused"
+    woken = await js.subscribe(names.event_subject(job_id, EventKind.JOB_RESUMED),
+                               stream=runtime.names.stream(STREAM_EVENTS))  # fmt: skip
     resumed = await client.resume(job_id)
     assert resumed == {"job_id": job_id, "state": "running"}
+    await woken.next_msg(timeout=10)  # wakes the dispatchers
+    await woken.unsubscribe()
     tiles = await db.list_tiles(job_id)
-    assert all(t.published_at is not None and t.generation == 1 for t in tiles)
+    assert all(t.state is TileState.QUEUED and t.published_at is None for t in tiles)
+    # the dispatcher's next round releases every tile again, each under a new generation
+    released = await db.release_tiles({"tessera": 10}, limit=10, usage_window=300)
+    assert sorted((t.tile_index, t.generation) for t in released.tiles) == [(0, 1), (1, 1), (2, 1)]
     trail = [(e.from_state, e.to_state) for e in await db.job_events(job_id)
              if e.trigger == "resume"]  # fmt: skip
     assert trail == [("paused", "running")]
