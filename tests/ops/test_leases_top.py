@@ -18,6 +18,7 @@ from services.client.api import TesseraClient
 from shared.core.config import Settings
 from shared.devstack.stack import PostgresServer
 from shared.metadata import MetadataStore
+from shared.nats.presence import LiveWorkers
 from shared.objectstore import ObjectStore
 from shared.service.runtime import Runtime
 from tests.e2e.conftest import reference_png
@@ -49,6 +50,12 @@ async def test_lost_lease_then_takeover_and_top_shows_the_tile(
 
     await eventually(rendering, timeout=60, what="the tile is rendering")
     names = n.Names(e2e_settings.deployment.namespace)
+    live = LiveWorkers(nc.jetstream(), names.bucket(n.BUCKET_WORKERS))
+
+    async def announced() -> bool:  # the worker's next refresh (every 2 s) names the tile
+        return any([job_id, 0] in w.current for w in await live.list())
+
+    await eventually(announced, timeout=30, what="the worker announces its tile")
     top = await tessera("top", "--once")
     assert top.status == 0, top.err
     assert names.stream(n.STREAM_TILES) in top.out and "workers" in top.out

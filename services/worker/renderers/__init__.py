@@ -106,6 +106,7 @@ __all__ = [
     "check_plan",
     "create",
     "discover",
+    "version_of",
 ]
 
 TESSERA = n.RENDERER_TESSERA
@@ -177,12 +178,20 @@ def probe(name: str, path: str | None = None) -> Found | None:
         from kernel.hashing import KERNEL_VERSION
 
         return Found(TESSERA, KERNEL_VERSION)
-    pattern = _VERSION_RE.get(name)
-    if pattern is None:
+    if name not in _VERSION_RE:
         raise ConfigError(f"renderer {name!r} is unknown (known: {', '.join(NAMES)})")
     executable = shutil.which(name, path=path)
     if executable is None:
         return None
+    version = version_of(name, executable)
+    return None if version is None else Found(name, version, executable)
+
+
+def version_of(name: str, executable: str) -> str | None:
+    """The version ``executable --version`` states for the renderer ``name`` (``3.4.1``,
+    ``3.7.0.10``), or ``None`` if it does not run or states none: the one parser of versions,
+    so the version in checkpoint hashes and the one announced are the same string."""
+    pattern = _VERSION_RE[name]
     try:
         done = subprocess.run(
             [executable, "--version"],
@@ -198,7 +207,7 @@ def probe(name: str, path: str | None = None) -> Found | None:
     match = pattern.search(done.stdout + "\n" + done.stderr)
     if done.returncode != 0 or match is None:
         return None
-    return Found(name, match.group(1), executable)
+    return match.group(1)
 
 
 def parse_setting(value: str) -> list[str] | None:

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,19 +63,14 @@ def blender_passes(spp: int, samples_per_pass: int) -> list[tuple[int, int]]:
 
 
 def blender_version(binary: str = "blender") -> str:
-    """``3.4.1`` from ``blender --version``; raises RendererFailed when it does not run."""
-    try:
-        out = subprocess.run(
-            [binary, "--version"], capture_output=True, text=True, timeout=60, check=True
-        ).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise RendererFailed(f"`{binary} --version` failed: {exc}", renderer=NAME) from exc
-    match = re.search(r"^Blender (\S+)", out, re.MULTILINE)
-    if match is None:
-        raise RendererFailed(
-            f"`{binary} --version` printed no version: {out[:200]!r}", renderer=NAME
-        )
-    return match.group(1)
+    """The version ``blender --version`` states (the registry's one parser,
+    :func:`services.worker.renderers.version_of`); RendererFailed when it does not run."""
+    from services.worker.renderers import version_of
+
+    version = version_of(NAME, binary)
+    if version is None:
+        raise RendererFailed(f"`{binary} --version` failed or printed no version", renderer=NAME)
+    return version
 
 
 def read_exr_rgb(path: Path) -> npt.NDArray[np.float32]:
@@ -237,8 +230,10 @@ class BlenderRenderer:
         samples_per_pass: int = 32,
         watchdog: float = 600.0,
         workdir: Path | None = None,
+        version: str | None = None,
     ) -> None:
-        self.version = blender_version(binary)
+        #: as the registry found it (``create``), else asked of the binary
+        self.version = version or blender_version(binary)
         self.samples_per_pass = samples_per_pass
         self.watchdog = watchdog
         # Scratch for the slots' EXR files; removed by close().
@@ -316,4 +311,4 @@ class BlenderRenderer:
 
 def create(found: Any, slots: int) -> BlenderRenderer:
     """The registry's constructor: one Blender process per kernel slot, one thread each."""
-    return BlenderRenderer(slots=slots, binary=found.executable or "blender")
+    return BlenderRenderer(slots=slots, binary=found.executable or "blender", version=found.version)

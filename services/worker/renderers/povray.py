@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import subprocess
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -112,15 +111,14 @@ def check_povray_source(text: str, name: str) -> None:
 
 
 def povray_version(binary: str = "povray") -> str:
-    """``3.7.0.10.unofficial`` from ``povray --version``; RendererFailed when it does not run."""
-    try:
-        run = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise RendererFailed(f"`{binary} --version` failed: {exc}", renderer=NAME) from exc
-    match = re.search(r"^POV-Ray (\S+)", run.stdout + run.stderr, re.MULTILINE)
-    if match is None:
-        raise RendererFailed(f"`{binary} --version` printed no version", renderer=NAME)
-    return match.group(1)
+    """The version ``povray --version`` states (the registry's one parser,
+    :func:`services.worker.renderers.version_of`); RendererFailed when it does not run."""
+    from services.worker.renderers import version_of
+
+    version = version_of(NAME, binary)
+    if version is None:
+        raise RendererFailed(f"`{binary} --version` failed or printed no version", renderer=NAME)
+    return version
 
 
 def read_ppm16(path: Path) -> npt.NDArray[np.uint16]:
@@ -179,8 +177,10 @@ class PovrayRenderer:
         threads: int = 1,
         watchdog: float = 600.0,
         workdir: Path | None = None,
+        version: str | None = None,
     ) -> None:
-        self.version = povray_version(binary)
+        #: as the registry found it (``create``), else asked of the binary
+        self.version = version or povray_version(binary)
         self.binary = binary
         self.threads = threads
         self.watchdog = watchdog
@@ -290,4 +290,4 @@ class PovrayRenderer:
 
 def create(found: Any, slots: int) -> PovrayRenderer:
     """The registry's constructor: at most ``slots`` POV-Ray processes at a time."""
-    return PovrayRenderer(slots=slots, binary=found.executable or "povray")
+    return PovrayRenderer(slots=slots, binary=found.executable or "povray", version=found.version)
