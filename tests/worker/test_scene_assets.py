@@ -86,3 +86,14 @@ async def test_an_asset_in_use_is_not_evicted_and_an_evicted_one_comes_back(
         acc2 = zeros_for(RECT)
         await povray.render(again, RECT, 0, 1, acc2)
     assert (acc2 == acc).all()
+
+
+async def test_prepared_scenes_of_external_renderers_count_in_the_byte_bound(
+    store: ObjectStore, povray: PovrayRenderer, tmp_path: Path
+) -> None:
+    (a, b, _), _ = await _assets(store)
+    scenes = SceneCache(assets=AssetCache(store, tmp_path / "cache", max_bytes=2**30))
+    for job in (_job("a", a), _job("b", b)):
+        async with scenes.use(job, povray):
+            pass
+    assert scenes.nbytes == 0  # a second cached scene makes the cache sum its renderers' nbytes

@@ -264,6 +264,11 @@ class BlenderRenderer:
             seed=scene.get("seed"),
         )
 
+    def nbytes(self, prepared: BlenderScene) -> int:
+        """Bytes the prepared scene holds in the worker: none to speak of (a path and a few
+        numbers; the scene itself is on disk and in the renderer's own processes)."""
+        return 0
+
     def passes(self, job: Any) -> tuple[int, ...]:
         """The job's fixed pass plan (where each pass ends): :func:`blender_passes` of its spp."""
         ranges = blender_passes(

@@ -16,6 +16,7 @@ assembled tiles equal POV-Ray's own 16-bit image pixel for pixel.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import subprocess
 import tempfile
@@ -36,6 +37,7 @@ from services.worker.renderers.procs import (
     kill_group,
     spawn,
 )
+from shared.core.config import Settings
 from shared.core.errors import TerminalError
 from shared.core.tiles import Accumulator
 
@@ -139,6 +141,11 @@ class PovrayRenderer:
         options = tuple(check_povray_options(job.scene.get("options", [])))
         return PovrayScene(asset_dir / job.scene["main"], job.width, job.height, job.spp, options)
 
+    def nbytes(self, prepared: PovrayScene) -> int:
+        """Bytes the prepared scene holds in the worker: none to speak of (a path and a few
+        numbers; the scene itself is on disk and in the renderer's own processes)."""
+        return 0
+
     def passes(self, job: Any) -> tuple[int, ...]:
         """One pass of all samples: POV-Ray renders a tile once."""
         return (job.spp,)
@@ -225,5 +232,8 @@ class PovrayRenderer:
 
 
 def create(found: Any, slots: int) -> PovrayRenderer:
-    """The registry's constructor: at most ``slots`` POV-Ray processes at a time."""
-    return PovrayRenderer(slots=slots, binary=found.executable or "povray")
+    """The registry's constructor: at most ``TESSERA_POVRAY_PROCESSES`` POV-Ray processes at
+    a time (default: the worker's tiles in hand, twice its ``slots`` kernel threads)."""
+    worker = Settings.from_env(os.environ, database=False, object_store=False).worker
+    processes = worker.povray_processes or worker.in_hand or 2 * slots
+    return PovrayRenderer(slots=processes, binary=found.executable or "povray")
