@@ -182,11 +182,18 @@ def reference_options(args: argparse.Namespace, renderer: str) -> dict[str, Any]
     return options
 
 
-async def _asset_scene(session: Session, args: argparse.Namespace, renderer: str) -> Scene:
-    """Upload the scene file as an asset; the reference a job of ``renderer`` names."""
+async def _asset_scene(
+    session: Session, args: argparse.Namespace, renderer: str, tile: int
+) -> Scene:
+    """Upload the scene file as an asset; the reference a job of ``renderer`` names.
+
+    Everything the client can check is checked before the upload: the options, and the
+    requests' limits (with a stand-in reference).
+    """
     options = reference_options(args, renderer)
     path = Path(args.scene)
     await scene_defaults(args, renderer)
+    submit_requests(args, {"asset": "0" * 64, "main": path.name, **options}, tile, renderer)
     progress = sys.stderr.isatty() and not args.json
     asset, main = await upload_scene(session.client, path, renderer, progress)
     return {"asset": asset, "main": main, **options}
@@ -208,7 +215,7 @@ async def submit(session: Session, args: argparse.Namespace) -> int:
             )
         scene = load_scene(args.scene)
     else:
-        scene = await _asset_scene(session, args, renderer)
+        scene = await _asset_scene(session, args, renderer, tile)
     requests = submit_requests(args, scene, tile, renderer)
     job_ids = []
     for request in requests:
