@@ -13,7 +13,9 @@ run on the same 2 cores:
   with 2 threads vs Tessera with one pass per tile (the float image then equals Blender's EXR
   value for value: checked) and with passes of 32 samples (checkpointed, not exact);
 - POV-Ray: the test scene with an include, 640x480, ``+A0.1 +R3``, ``povray +WT2 +FN16`` vs
-  Tessera (its 16-bit PNG equals POV-Ray's pixel for pixel: checked).
+  Tessera (its 16-bit PNG equals POV-Ray's pixel for pixel: checked) at several tile sizes,
+  with the default 4 POV-Ray processes and with 8 (``TESSERA_POVRAY_PROCESSES=8`` and
+  ``TESSERA_WORKER_IN_HAND=8``; the worker is restarted for it, outside the timing).
 
 ``--standalone`` adds the renderer-only comparison without the services: the same 2 cores
 rendering
@@ -33,7 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
-import os
 import shutil
 import subprocess
 import tempfile
@@ -224,10 +225,17 @@ def bench_e2e(tmp: Path, blender: bool, povray: bool) -> list[str]:
             if blender:
                 lines += _e2e_blender(tmp, full)
             if povray:
-                lines += _e2e_povray(tmp, full)
+                lines += _e2e_povray(tmp, full, procs)
         finally:
             procs.stop_all()
     return lines
+
+
+def _worker_with(procs: ServiceProcesses, processes: int) -> None:
+    """Restart the worker with ``processes`` POV-Ray processes and as many tiles in hand."""
+    procs.procs["worker-1"].stop()
+    knobs = {"TESSERA_POVRAY_PROCESSES": str(processes), "TESSERA_WORKER_IN_HAND": str(processes)}
+    procs.wait_started(procs.restart("worker-1", env=knobs))
 
 
 def _e2e_blender(tmp: Path, env: Mapping[str, str]) -> list[str]:
@@ -254,7 +262,11 @@ def _e2e_blender(tmp: Path, env: Mapping[str, str]) -> list[str]:
     return lines
 
 
-def _e2e_povray(tmp: Path, env: Mapping[str, str]) -> list[str]:
+#: POV-Ray runs: tile edge, POV-Ray processes (None: the default, the 4 tiles in hand)
+POVRAY_RUNS: tuple[tuple[int, int | None], ...] = ((128, None), (160, None), (160, 8), (240, 8))
+
+
+def _e2e_povray(tmp: Path, env: Mapping[str, str], procs: ServiceProcesses) -> list[str]:
     scene_dir = tmp / "e2e-pov"
     shutil.copytree(ROOT / "tests" / "renderers" / "scenes", scene_dir)
     pov = scene_dir / "scene.pov"
@@ -263,14 +275,18 @@ def _e2e_povray(tmp: Path, env: Mapping[str, str]) -> list[str]:
     subprocess.run([*argv, "+WT2", *POV_AA], cwd=scene_dir, check=True, capture_output=True)
     direct = time.perf_counter() - t0
     whole = read_png((scene_dir / "whole.png").read_bytes())
-    processes = os.environ.get("TESSERA_POVRAY_PROCESSES") or f"{2 * SLOTS} (tiles in hand)"
     lines = [f"povray {W}x{H} +A0.1 +R3, test scene: `povray +WT2` {direct:.2f} s"]
-    for tile in (64, 128, 160):
+    running: int | None = None
+    for tile, processes in POVRAY_RUNS:
+        if processes != running and processes is not None:
+            _worker_with(procs, processes)
+            running = processes
         fields = {"width": W, "height": H, "spp": 1, "tile_size": tile,
                   "options": {"options": list(POV_AA)}}  # fmt: skip
         upload, total, png, _ = asyncio.run(_e2e_job(env, pov, "povray", fields))
         equal = bool(np.array_equal(read_png(png), whole))
-        what = f"Tessera, {tile}x{tile} tiles, {processes} processes"
+        shown = f"{processes} processes" if processes else f"{2 * SLOTS} processes (default)"
+        what = f"Tessera, {tile}x{tile} tiles, {shown}"
         lines.append(_line(what, direct, upload, total, f"PNG == POV-Ray's +FN16: {equal}"))
     return lines
 

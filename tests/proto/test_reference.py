@@ -54,7 +54,7 @@ def test_a_reference_names_a_manifest_and_a_plain_relative_main() -> None:
 
 
 def test_a_submit_request_refuses_a_bad_option_on_construction() -> None:
-    body = {"project": "p", "width": 64, "height": 48, "spp": 1, "tile_size": 16}
+    body: dict[str, Any] = {"project": "p", "width": 64, "height": 48, "spp": 1, "tile_size": 16}
     ok = SubmitRequest(renderer="povray", scene=ref(options=["+A0.1"]), **body)
     assert ok.to_body()["scene"]["options"] == ["+A0.1"]
     with pytest.raises(ValidationError, match=r"scene\.options: POV-Ray option '\+J0\.5' refused"):
