@@ -307,7 +307,10 @@ async def blend_paths(blend: Path) -> list[str]:
 
 
 async def blend_info(blend: Path) -> BlendInfo:
-    """:class:`BlendInfo` of ``blend``, asked of Blender once per version of the file."""
+    """:class:`BlendInfo` of ``blend``, asked of Blender once per version of the file (a
+    submit reads the render settings and lists the files: one Blender run). Blender must be on
+    PATH either way."""
+    _blender(blend)
     try:
         st = await asyncio.to_thread(blend.stat)
     except OSError as exc:
@@ -318,13 +321,18 @@ async def blend_info(blend: Path) -> BlendInfo:
     return _INFO[key]
 
 
-async def _ask_blender(blend: Path) -> BlendInfo:
+def _blender(blend: Path) -> str:
     exe = shutil.which("blender")
     if exe is None:
         raise AssetRefused(
             f"{blend}: blender is not on PATH, and the client needs it to list the files a .blend "
             "uses (textures, linked libraries); install Blender on this machine to submit it"
         )
+    return exe
+
+
+async def _ask_blender(blend: Path) -> BlendInfo:
+    exe = _blender(blend)
     proc = await asyncio.create_subprocess_exec(
         exe,
         "-b",

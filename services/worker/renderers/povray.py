@@ -37,7 +37,7 @@ from services.worker.renderers.procs import (
     kill_group,
     spawn,
 )
-from shared.core.config import Settings
+from shared.core.config import worker_settings
 from shared.core.errors import TerminalError
 from shared.core.tiles import Accumulator
 
@@ -131,6 +131,8 @@ class PovrayRenderer:
         self.threads = threads
         self.watchdog = watchdog
         self.workdir = workdir
+        #: POV-Ray processes at most at once
+        self.processes = slots
         self._slots = asyncio.Semaphore(slots)
         self._running: set[asyncio.subprocess.Process] = set()
 
@@ -234,6 +236,6 @@ class PovrayRenderer:
 def create(found: Any, slots: int) -> PovrayRenderer:
     """The registry's constructor: at most ``TESSERA_POVRAY_PROCESSES`` POV-Ray processes at
     a time (default: the worker's tiles in hand, twice its ``slots`` kernel threads)."""
-    worker = Settings.from_env(os.environ, database=False, object_store=False).worker
+    worker = worker_settings(os.environ)
     processes = worker.povray_processes or worker.in_hand or 2 * slots
     return PovrayRenderer(slots=processes, binary=found.executable or "povray")
