@@ -228,6 +228,8 @@ def run_demo(
     from proto.api import SubmitRequest
 
     width, height = DEMO_SIZE
+    if renderer == "povray":
+        spp = 1  # POV-Ray renders each tile once: samples only scale its accumulator
     try:
         request = SubmitRequest(
             project="demo", scene="cornell", width=width, height=height, spp=spp, tile_size=64
