@@ -7,6 +7,13 @@ on renders it compresses as well as the default strategy in about 60 % of the ti
 512x512 frame: 752,630 vs 752,771 bytes, 13.6 vs 22.0 ms; a smooth one: 141,611 vs 141,699).
 The float image is the mean radiance as a float32 ``.npy`` (no pickle), for compositing.
 
+A *display-referred* accumulator (POV-Ray's: its values already carry POV-Ray's gamma, as
+``value / 65535`` per sample) is not tone-mapped: :func:`float_image_and_display16` rounds the
+mean back to POV-Ray's 16-bit integers and :func:`png16_of` writes them as a 16-bit RGB PNG,
+equal pixel for pixel to what ``povray +FN16`` writes (Pillow writes no 16-bit RGB PNG, so
+this one is written here: signature, ``IHDR``, one ``IDAT`` of rows with PNG's ``Up`` filter at
+the same zlib level, ``IEND``; deterministic like the 8-bit one).
+
 Frames are converted in bands of :data:`BAND_ROWS` rows: each step of the curve then works on a
 band that stays in the CPU cache, and no frame-sized float64 temporary is allocated (in the
 finalizer of ``bench/pipeline.py`` (a), 512x512: 4-10 ms instead of 7-18). Every step is per
@@ -16,6 +23,7 @@ element, so the bytes are the same as converting the frame at once.
 from __future__ import annotations
 
 import io
+import struct
 import zlib
 
 import numpy as np
@@ -110,3 +118,48 @@ def float_image_and_tonemap(accumulator: np.ndarray, samples: int) -> tuple[byte
     mean = np.empty(acc.shape, dtype=np.float32)
     image = _convert(acc, samples, mean)
     return _npy(mean), image
+
+
+def float_image_and_display16(accumulator: np.ndarray, samples: int) -> tuple[bytes, np.ndarray]:
+    """The float image and the 16-bit image of a display-referred accumulator (no tone curve).
+
+    The 16-bit value of a pixel is ``rint(clip(mean, 0, 1) * 65535)``: for an accumulator
+    holding ``v / 65535 * samples`` (POV-Ray's 16-bit ``v``), the mean is within an ulp of
+    ``v / 65535``, so this gives back ``v`` exactly.
+    """
+    acc = _checked(accumulator, samples)
+    mean = _mean(acc, samples)
+    flt = _npy(mean)
+    np.nan_to_num(mean, copy=False, nan=0.0)
+    np.clip(mean, 0.0, 1.0, out=mean)
+    np.multiply(mean, 65535.0, out=mean)
+    np.rint(mean, out=mean)
+    return flt, mean.astype(np.uint16)
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def png16_of(image: np.ndarray) -> bytes:
+    """PNG bytes of a 16-bit (height, width, 3) image: RGB, 16 bits per channel, no chunk but
+    ``IHDR``/``IDAT``/``IEND``; identical inputs give identical bytes."""
+    if image.dtype != np.uint16 or image.ndim != 3 or image.shape[2] != 3:
+        raise ValueError(f"expected a uint16 (height, width, 3) image, got {image.dtype} "
+                         f"{image.shape}")  # fmt: skip
+    h, w = image.shape[:2]
+    rows = np.ascontiguousarray(image, dtype=">u2").view(np.uint8).reshape(h, w * 6)
+    up = rows.copy()
+    up[1:] -= rows[:-1]  # PNG filter 2 (Up): each byte minus the one above, modulo 256
+    filtered = np.empty((h, w * 6 + 1), dtype=np.uint8)
+    filtered[:, 0] = 2
+    filtered[:, 1:] = up
+    compressor = zlib.compressobj(PNG_COMPRESS_LEVEL, zlib.DEFLATED, 15, 8, PNG_COMPRESS_TYPE)
+    data = compressor.compress(filtered.tobytes()) + compressor.flush()
+    header = struct.pack(">IIBBBBB", w, h, 16, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + _chunk(b"IHDR", header)
+        + _chunk(b"IDAT", data)
+        + _chunk(b"IEND", b"")
+    )

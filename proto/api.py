@@ -78,6 +78,7 @@ from proto.limits import (
     tile_count,
 )
 from proto.names import RENDERER_TESSERA, RENDERERS, TOKEN_RE, ApiVerb
+from proto.povray import check_povray_options
 from shared.core.errors import DecodeError, ValidationError
 from shared.core.lifecycle import JobState
 
@@ -214,12 +215,21 @@ SHA256_RE = re.compile(r"[0-9a-f]{64}")
 """A lowercase hex sha256 (an asset manifest's name)."""
 
 REFERENCE_OPTIONS: dict[str, dict[str, type]] = {
-    "blender": {},
-    "povray": {"antialias": float, "jitter": bool},
+    "blender": {"seed": int, "samples_per_pass": int},
+    "povray": {"options": list},
 }
-"""Options a scene reference may carry beside ``asset`` and ``main``, per renderer. Blender
-renders with adaptive sampling and denoising off whatever the ``.blend`` says (both would make a
-tile differ from the full frame), so there is nothing to choose."""
+"""Options a scene reference may carry beside ``asset`` and ``main``, per renderer.
+
+Blender renders with adaptive sampling and denoising off whatever the ``.blend`` says (both
+would make a tile differ from the full frame); ``seed`` replaces the ``.blend``'s
+``cycles.seed`` (default: the file's), ``samples_per_pass`` the worker's pass size (default 32;
+a tile's passes are fixed by it at plan time, and only one pass per tile, ``samples_per_pass``
+>= spp, equals Blender's own unsplit render value for value). POV-Ray takes ``options``, a list
+of command-line options checked by :func:`proto.povray.check_povray_options` (anti-aliasing
+``+A0.1 +R3``, quality, clock, declared constants: only what tiles exactly)."""
+
+MAX_BLENDER_SEED = 2**31 - 1
+"""``cycles.seed`` is a signed 32-bit int."""
 
 
 def check_reference(renderer: str, scene: Any) -> dict[str, Any]:
@@ -227,7 +237,7 @@ def check_reference(renderer: str, scene: Any) -> dict[str, Any]:
 
     ``main`` is a relative POSIX path inside the asset (no ``..``, no leading ``/``, no
     backslash). An option that would make tiles differ from the renderer's own full frame is
-    refused here, at submit: POV-Ray's jitter (``+J``).
+    refused here, at submit: POV-Ray's jitter (``+J``), region or size options.
     """
     if not isinstance(scene, dict):
         raise DecodeError(
@@ -242,6 +252,11 @@ def check_reference(renderer: str, scene: Any) -> dict[str, Any]:
     parts = main.split("/")
     if main.startswith("/") or "\\" in main or any(p in ("", ".", "..") for p in parts):
         raise ValidationError(f"scene.main: {main!r:.80} is not a plain relative path")
+    _check_options(renderer, scene)
+    return scene
+
+
+def _check_options(renderer: str, scene: dict[str, Any]) -> None:
     allowed = REFERENCE_OPTIONS[renderer]
     for key, value in scene.items():
         if key in ("asset", "main"):
@@ -250,17 +265,17 @@ def check_reference(renderer: str, scene: Any) -> dict[str, Any]:
         if kind is None:
             known = ", ".join(["asset", "main", *allowed])
             raise ValidationError(f"scene.{key:.40}: not an option of {renderer} ({known})")
-        ok = isinstance(value, bool) if kind is bool else isinstance(value, int | float)
-        if not ok or (kind is float and isinstance(value, bool)):
+        if not isinstance(value, kind) or isinstance(value, bool):
             raise ValidationError(f"scene.{key}: expected a {kind.__name__}")
-    if renderer == "povray" and scene.get("jitter"):
-        raise ValidationError(
-            "scene.jitter: POV-Ray's anti-aliasing jitter (+J) makes a tile's edge pixels "
-            "differ from the full frame; submit without jitter"
-        )
-    if renderer == "povray" and not 0 <= float(scene.get("antialias", 0.0)) <= 3:
-        raise ValidationError("scene.antialias: POV-Ray's threshold is 0..3 (0: off)")
-    return scene
+    if "seed" in scene:
+        check_range("scene.seed", scene["seed"], 0, MAX_BLENDER_SEED)
+    if "samples_per_pass" in scene:
+        check_range("scene.samples_per_pass", scene["samples_per_pass"], 1, MAX_SPP)
+    if "options" in scene:
+        try:
+            check_povray_options(scene["options"])
+        except ValidationError as exc:
+            raise ValidationError(f"scene.options: {exc}") from None
 
 
 @dataclass(frozen=True)

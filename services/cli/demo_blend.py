@@ -1,6 +1,8 @@
 """Build Tessera's demo ``.blend`` with Blender's own Python (no binary is checked in).
 
-Run inside Blender: ``blender -b --factory-startup --python services/cli/demo_blend.py -- OUT``.
+Run inside Blender: ``blender -b --factory-startup --python services/cli/demo_blend.py -- OUT
+[WIDTH HEIGHT SAMPLES]`` (default 640 480 128: the scene's own render settings, which
+``tessera submit`` takes unless told otherwise).
 The scene: a camera, a sun and a point light, a ground plane, a glossy sphere, a red cube and an
 emissive torus, each with its own material, rendered by Cycles. It imports only ``bpy`` and the
 standard library, because Blender's Python does not see Tessera's virtualenv.
@@ -36,13 +38,14 @@ def _add(obj: bpy.types.Object, mat: bpy.types.Material) -> None:
     obj.data.materials.append(mat)
 
 
-def build(path: str) -> None:
+def build(path: str, width: int = 640, height: int = 480, samples: int = 128) -> None:
     """Replace the open file with the demo scene and save it as ``path``."""
     bpy.ops.wm.read_factory_settings(use_empty=True)
     scene = bpy.context.scene
     scene.render.engine = "CYCLES"
-    scene.render.resolution_x, scene.render.resolution_y = 640, 480
-    scene.cycles.samples = 128
+    scene.render.resolution_x, scene.render.resolution_y = width, height
+    scene.render.resolution_percentage = 100
+    scene.cycles.samples = samples
     scene.frame_start, scene.frame_end = 1, 24
 
     bpy.ops.mesh.primitive_plane_add(size=20.0, location=(0.0, 0.0, 0.0))
@@ -79,6 +82,9 @@ def build(path: str) -> None:
 
 if __name__ == "__main__":
     argv = sys.argv[sys.argv.index("--") + 1 :] if "--" in sys.argv else []
-    if len(argv) != 1:
-        sys.exit("usage: blender -b --factory-startup --python demo_blend.py -- OUT.blend")
-    build(argv[0])
+    if len(argv) not in (1, 4):
+        sys.exit(
+            "usage: blender -b --factory-startup --python demo_blend.py -- OUT.blend "
+            "[WIDTH HEIGHT SAMPLES]"
+        )
+    build(argv[0], *(int(a) for a in argv[1:]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import signal
 import sys
 import tempfile
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import uvloop
 
+from services.cli.demo_scenes import BlenderMissing, build_demo_blend, write_demo_pov
 from services.client.argtypes import non_negative_int, positive_float, positive_int
 from services.client.output import cannot_write, write_atomic
 from shared.core.errors import ValidationError
@@ -204,17 +206,33 @@ def run_up(
                   file=sys.stderr)  # fmt: skip
 
 
-def run_demo(data_dir: Path | None, *, s3: bool, out: Path, spp: int) -> int:
-    """Render the cornell scene end to end through all four services; write the PNG.
+#: the size of the Blender and POV-Ray demo frames
+DEMO_SIZE = (320, 240)
+#: POV-Ray options of the demo: adaptive anti-aliasing, which Tessera tiles exactly
+DEMO_POVRAY_OPTIONS = ["+A0.1", "+R3"]
+
+
+def run_demo(
+    data_dir: Path | None, *, s3: bool, out: Path, spp: int, renderer: str = "tessera"
+) -> int:
+    """Render a sample scene end to end through all four services; write the PNG.
+
+    ``tessera`` renders the builtin cornell scene; ``blender`` the demo ``.blend`` that
+    :mod:`services.cli.demo_blend` builds with Blender's Python (320x240, ``spp`` samples, one
+    pass per tile); ``povray`` a bundled ``.pov`` with an include file (320x240, anti-aliased).
+    Both are uploaded as assets as ``tessera submit`` does.
 
     Exit status: 0 written, 1 the stack or the job failed, 2 bad arguments (checked before any
-    server starts: the request's limits, a writable directory for ``out``).
+    server starts: the request's limits, a writable directory for ``out``, the renderer on PATH).
     """
     from proto.api import SubmitRequest
 
+    width, height = DEMO_SIZE
+    if renderer == "povray":
+        spp = 1  # POV-Ray renders each tile once: samples only scale its accumulator
     try:
         request = SubmitRequest(
-            project="demo", scene="cornell", width=320, height=240, spp=spp, tile_size=64
+            project="demo", scene="cornell", width=width, height=height, spp=spp, tile_size=64
         )
     except ValidationError as exc:
         print(f"tessera demo: {exc}", file=sys.stderr)
@@ -222,22 +240,27 @@ def run_demo(data_dir: Path | None, *, s3: bool, out: Path, spp: int) -> int:
     if problem := cannot_write(out):
         print(f"tessera demo: {problem}", file=sys.stderr)
         return 2
+    if renderer != "tessera" and shutil.which(renderer) is None:
+        print(f"tessera demo: {renderer} is not on PATH (apt-get install {renderer})",
+              file=sys.stderr)  # fmt: skip
+        return 2
     with _stop_on_signals(), tempfile.TemporaryDirectory(prefix="tessera-demo-") as tmp:
         root = data_dir or Path(tmp)
         try:
+            scene = _demo_scene(renderer, Path(tmp) / "scene", spp)
             with Stack(root, s3=s3) as stack:
                 print(f"tessera demo: stack up (NATS {stack.nats.url}, PostgreSQL, "
                       f"object store {stack.env()['TESSERA_OBJECT_STORE']})")  # fmt: skip
                 procs = ServiceProcesses(stack.env(), stack.data_dir / "logs")
                 try:
                     procs.start_all(workers=1)
-                    result = uvloop.run(_demo_job(stack.env(), request))
+                    result = uvloop.run(_demo_job(stack.env(), request, renderer, scene))
                 finally:
                     procs.stop_all()
                 if result is None:
                     print(f"tessera demo: failed; service logs:\n{procs.logs()}", file=sys.stderr)
                     return 1
-        except (StackError, KeyboardInterrupt) as exc:
+        except (StackError, BlenderMissing, KeyboardInterrupt) as exc:
             print(f"tessera demo: {exc or 'interrupted'}", file=sys.stderr)
             return 1
     png, sha = result
@@ -251,9 +274,25 @@ def run_demo(data_dir: Path | None, *, s3: bool, out: Path, spp: int) -> int:
     return 0
 
 
-async def _demo_job(env: Mapping[str, str], request: SubmitRequest) -> tuple[bytes, str] | None:
+def _demo_scene(renderer: str, directory: Path, spp: int) -> Path | None:
+    """The demo's scene file for ``renderer`` (None: the builtin cornell scene)."""
+    if renderer == "blender":
+        directory.mkdir(parents=True, exist_ok=True)
+        width, height = DEMO_SIZE
+        return build_demo_blend(directory / "demo.blend", width, height, spp)
+    if renderer == "povray":
+        return write_demo_pov(directory)
+    return None
+
+
+async def _demo_job(
+    env: Mapping[str, str], request: SubmitRequest, renderer: str, scene: Path | None
+) -> tuple[bytes, str] | None:
+    from dataclasses import replace
+
     from proto.names import Names
     from services.client.api import TesseraClient
+    from services.client.assets import upload_scene
     from services.client.watch import watch_jobs
     from shared.core.config import Settings
     from shared.nats.jetstream import connect_nats
@@ -263,10 +302,21 @@ async def _demo_job(env: Mapping[str, str], request: SubmitRequest) -> tuple[byt
     nc = await connect_nats(settings, name="tessera-demo")
     try:
         client = TesseraClient(nc, Names(settings.deployment.namespace), timeout=60)
+        what = "cornell"
+        if scene is not None:
+            asset, main = await upload_scene(client, scene, renderer, sys.stderr.isatty())
+            ref: dict[str, object] = {"asset": asset, "main": main}
+            if renderer == "blender":  # one pass per tile: Blender's own render, exactly
+                ref["samples_per_pass"] = request.spp
+            else:
+                ref["options"] = DEMO_POVRAY_OPTIONS
+            request = replace(request, scene=ref, renderer=renderer)
+            what = f"{renderer} {main}"
         reply = await client.submit(request)
         job_id = reply["job_id"]
-        print(f"tessera demo: submitted job {job_id} (cornell 320x240, {request.spp} spp, "
-              "20 tiles)")  # fmt: skip
+        tiles = -(-request.width // request.tile_size) * -(-request.height // request.tile_size)
+        print(f"tessera demo: submitted job {job_id} ({what} {request.width}x{request.height}, "
+              f"{request.spp} spp, {tiles} tiles)")  # fmt: skip
         if await watch_jobs(client, [job_id], interval=0.5) != 0:
             return None
         status = await client.status(job_id)
@@ -337,7 +387,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "-o", "--out", type=Path, default=Path("tessera-demo.png"), help="PNG to write"
     )
     demo.add_argument("--spp", type=int, default=64, help="samples per pixel (default: 64)")
-    demo.set_defaults(func=lambda a: run_demo(a.data_dir, s3=a.s3, out=a.out, spp=a.spp))
+    demo.add_argument(
+        "--renderer",
+        choices=("tessera", "blender", "povray"),
+        default="tessera",
+        help="tessera: the builtin cornell scene; blender: a .blend built by Blender's Python "
+        "(services/cli/demo_blend.py); povray: a bundled .pov with an include file "
+        "(default: tessera)",
+    )
+    demo.set_defaults(
+        func=lambda a: run_demo(a.data_dir, s3=a.s3, out=a.out, spp=a.spp, renderer=a.renderer)
+    )
 
 
 def _run_up(a: argparse.Namespace) -> int:

@@ -22,13 +22,30 @@ from kernel.loader import read_scene_file
 from kernel.scene import SceneError
 from proto.api import SubmitRequest
 from proto.limits import Scene, frame_range
+from proto.names import RENDERER_TESSERA
+from proto.povray import check_povray_options
 from services.client import output
+from services.client.assets import blend_info, upload_scene
 from services.client.session import EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, CommandFailed, Session
 from services.client.watch import watch_jobs
 from shared.core.errors import DecodeError, ValidationError
 from shared.core.lifecycle import JobState
 
-__all__ = ["load_scene", "parse_frames", "submit_requests"]
+__all__ = [
+    "RENDERER_BY_SUFFIX",
+    "load_scene",
+    "parse_frames",
+    "pick_renderer",
+    "reference_options",
+    "submit_requests",
+]
+
+RENDERER_BY_SUFFIX = {".blend": "blender", ".pov": "povray"}
+"""The renderer ``tessera submit FILE`` picks by the file's extension (else tessera)."""
+DEFAULT_WIDTH, DEFAULT_HEIGHT, DEFAULT_SPP = 320, 240, 16
+"""A tessera scene's defaults."""
+POVRAY_WIDTH, POVRAY_HEIGHT = 800, 600
+"""POV-Ray's own default image size (``povray scene.pov`` without ``+W``/``+H``)."""
 
 
 def _print_json(fields: dict[str, Any]) -> None:
@@ -75,8 +92,14 @@ def parse_frames(frame: int | None, frames: str | None) -> range:
         raise CommandFailed(f"--frames {frames!r}: {exc}", EXIT_USAGE) from exc
 
 
-def submit_requests(args: argparse.Namespace, scene: Scene, tile: int) -> list[SubmitRequest]:
-    """One request per frame; a client key becomes ``KEY:FRAME`` when several frames go."""
+def submit_requests(
+    args: argparse.Namespace, scene: Scene, tile: int, renderer: str = RENDERER_TESSERA
+) -> list[SubmitRequest]:
+    """One request per frame; a client key becomes ``KEY:FRAME`` when several frames go.
+
+    Sizes, samples and seed left unset (``None``) take the tessera defaults (320x240, 16 spp,
+    seed 0); :func:`scene_defaults` fills them in first for a Blender or POV-Ray scene.
+    """
     frames = parse_frames(args.frame, args.frames)
     many = len(frames) > 1
     try:
@@ -84,13 +107,14 @@ def submit_requests(args: argparse.Namespace, scene: Scene, tile: int) -> list[S
             SubmitRequest(
                 project=args.project,
                 scene=scene,
-                width=args.width,
-                height=args.height,
-                spp=args.spp,
+                width=_given(args.width, DEFAULT_WIDTH),
+                height=_given(args.height, DEFAULT_HEIGHT),
+                spp=_given(args.spp, DEFAULT_SPP),
                 frame=frame,
                 tile_size=tile,
                 max_depth=args.max_depth,
-                seed=args.seed,
+                seed=_given(args.seed, 0),
+                renderer=renderer,
                 idempotency_key=f"{args.key}:{frame}" if args.key and many else args.key,
                 priority=getattr(args, "priority", 50),
                 deadline=getattr(args, "deadline", None),
@@ -101,10 +125,98 @@ def submit_requests(args: argparse.Namespace, scene: Scene, tile: int) -> list[S
         raise CommandFailed(str(exc), EXIT_USAGE) from exc
 
 
+def _given(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def pick_renderer(args: argparse.Namespace) -> str:
+    """``--renderer``, else by the scene file's extension: ``.blend`` blender, ``.pov``
+    povray, anything else (a JSON scene, a builtin name) tessera."""
+    if getattr(args, "renderer", None):
+        return str(args.renderer)
+    return RENDERER_BY_SUFFIX.get(Path(args.scene).suffix.lower(), RENDERER_TESSERA)
+
+
+async def scene_defaults(args: argparse.Namespace, renderer: str) -> None:
+    """Fill in what a Blender or POV-Ray submit left unset, from the scene (in ``args``).
+
+    Blender: width and height (the ``.blend``'s resolution times its percentage), samples
+    (``cycles.samples``) and, for ``--frame``, the file's current frame. POV-Ray: POV-Ray's
+    own default size, 800x600, and one sample (POV-Ray renders a tile once; spp only scales
+    the accumulator). Options that do not apply are refused (exit 2).
+    """
+    if renderer == "blender":
+        info = await blend_info(Path(args.scene))
+        if args.frame is None and args.frames is None:
+            args.frame = info.frame
+        args.width = _given(args.width, info.width)
+        args.height = _given(args.height, info.height)
+        args.spp = _given(args.spp, info.samples)
+    elif renderer == "povray":
+        args.width = _given(args.width, POVRAY_WIDTH)
+        args.height = _given(args.height, POVRAY_HEIGHT)
+        args.spp = _given(args.spp, 1)
+
+
+def reference_options(args: argparse.Namespace, renderer: str) -> dict[str, Any]:
+    """The renderer options of a scene reference (checked as the gateway checks them)."""
+    options: dict[str, Any] = {}
+    wrong: list[str] = []
+    povray_options = list(getattr(args, "povray_option", None) or [])
+    per_pass = getattr(args, "samples_per_pass", None)
+    if renderer == "blender":
+        if args.seed is not None:
+            options["seed"] = args.seed
+        if per_pass is not None:
+            options["samples_per_pass"] = per_pass
+        wrong += ["--povray-option"] if povray_options else []
+    elif renderer == "povray":
+        if povray_options:
+            try:
+                options["options"] = check_povray_options(povray_options)
+            except ValidationError as exc:
+                raise CommandFailed(f"--povray-option: {exc}", EXIT_USAGE) from exc
+        wrong += ["--samples-per-pass"] if per_pass is not None else []
+    if wrong:
+        raise CommandFailed(f"{', '.join(wrong)}: not an option of {renderer}", EXIT_USAGE)
+    return options
+
+
+async def _asset_scene(
+    session: Session, args: argparse.Namespace, renderer: str, tile: int
+) -> Scene:
+    """Upload the scene file as an asset; the reference a job of ``renderer`` names.
+
+    Everything the client can check is checked before the upload: the options, and the
+    requests' limits (with a stand-in reference).
+    """
+    options = reference_options(args, renderer)
+    path = Path(args.scene)
+    await scene_defaults(args, renderer)
+    submit_requests(args, {"asset": "0" * 64, "main": path.name, **options}, tile, renderer)
+    progress = sys.stderr.isatty() and not args.json
+    asset, main = await upload_scene(session.client, path, renderer, progress)
+    return {"asset": asset, "main": main, **options}
+
+
 async def submit(session: Session, args: argparse.Namespace) -> int:
-    """``tessera submit``: one request per frame; prints each job id."""
+    """``tessera submit``: one request per frame; prints each job id.
+
+    A ``.blend`` or ``.pov`` scene (or ``--renderer``) is first uploaded as an asset with
+    everything it needs (:func:`services.client.assets.upload_scene`: only the chunks the store
+    lacks), then each job names it by reference.
+    """
     tile = args.tile or session.settings.client.default_tile
-    requests = submit_requests(args, load_scene(args.scene), tile)
+    renderer = pick_renderer(args)
+    if renderer == RENDERER_TESSERA:
+        if getattr(args, "povray_option", None) or getattr(args, "samples_per_pass", None):
+            raise CommandFailed(
+                "--povray-option, --samples-per-pass: not options of tessera", EXIT_USAGE
+            )
+        scene = load_scene(args.scene)
+    else:
+        scene = await _asset_scene(session, args, renderer, tile)
+    requests = submit_requests(args, scene, tile, renderer)
     job_ids = []
     for request in requests:
         reply = await session.client.submit(request)

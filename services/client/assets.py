@@ -12,7 +12,9 @@ Dependencies:
   by :func:`proto.assets.pov_dependencies`: ``#include "f"`` (followed recursively) and a file
   after an image or data type keyword (``png "wood.png"`` in ``image_map``/``height_field``/...,
   ``ttf``, ``df3``), all relative to the scene's directory (where POV-Ray runs). POV-Ray's own
-  library files (``colors.inc`` ...) are left to the worker's POV-Ray.
+  library files (``colors.inc`` ...) are left to the worker's POV-Ray. Each scanned file is
+  checked by :func:`proto.povray.check_povray_source` (no jitter, no radiosity: they cannot
+  tile exactly), so such a scene is refused (exit 2) before anything is uploaded.
 - **Blender** (``blender``): the ``.blend`` and every external file
   ``bpy.utils.blend_paths(absolute=False, packed=False)`` lists, asked of Blender itself
   (``blender -b --factory-startup``), so Blender must be on PATH: without it the client cannot
@@ -48,22 +50,33 @@ from tqdm import tqdm
 
 from proto.assets import MAX_SCAN_BYTES, AssetFile, Manifest, check_asset_path, pov_dependencies
 from proto.limits import ASSET_CHUNK_BYTES, MAX_MISSING_QUERY
+from proto.povray import check_povray_source
 from services.client.api import TesseraClient
 from services.client.session import EXIT_USAGE, CommandFailed
 from shared.core.errors import DecodeError, ValidationError
 from shared.objectstore import sha256_hex
 
-__all__ = ["IN_FLIGHT", "AssetRefused", "collect_files", "upload_scene"]
+__all__ = [
+    "IN_FLIGHT",
+    "AssetRefused",
+    "BlendInfo",
+    "blend_info",
+    "collect_files",
+    "upload_scene",
+]
 
 IN_FLIGHT = 2
 """Chunks on their way to the gateway at once (one being read while one is stored)."""
 BLENDER_TIMEOUT = 120.0
 """Seconds Blender may take to open a ``.blend`` and list its files."""
-_MARK = "TESSERA-BLEND-PATHS:"
+_MARK = "TESSERA-BLEND-INFO:"
 _BLEND_SCRIPT = (
-    "import bpy, json, sys; "
-    "print(" + repr(_MARK) + " + json.dumps(sorted(set("
-    "bpy.utils.blend_paths(absolute=False, packed=False)))), flush=True); "
+    "import bpy, json, sys; s = bpy.context.scene; r = s.render; "
+    "print(" + repr(_MARK) + " + json.dumps({"
+    "'paths': sorted(set(bpy.utils.blend_paths(absolute=False, packed=False))), "
+    "'width': r.resolution_x * r.resolution_percentage // 100, "
+    "'height': r.resolution_y * r.resolution_percentage // 100, "
+    "'frame': s.frame_current, 'samples': s.cycles.samples, 'engine': r.engine}), flush=True); "
     "sys.stdout.flush()"
 )
 
@@ -230,7 +243,9 @@ def _pov_files(root: Path, main: str) -> list[str]:
         path = root / rel
         if path.stat().st_size > MAX_SCAN_BYTES:
             return None
-        return path.read_bytes().decode("latin-1")
+        text = path.read_bytes().decode("latin-1")
+        check_povray_source(text, rel)  # refused before anything is uploaded
+        return text
 
     try:
         return pov_dependencies(main, read, have)
@@ -265,14 +280,59 @@ async def _blend_files(blend: Path, root: Path) -> list[str]:
     return rels
 
 
+@dataclass(frozen=True)
+class BlendInfo:
+    """What Blender says of a ``.blend``: its external files and its render settings."""
+
+    #: ``bpy.utils.blend_paths(absolute=False, packed=False)``
+    paths: tuple[str, ...]
+    #: the output size: ``resolution_x/_y`` times ``resolution_percentage`` / 100
+    width: int
+    height: int
+    #: ``scene.frame_current``
+    frame: int
+    #: ``cycles.samples``
+    samples: int
+    #: ``render.engine`` (Tessera renders with Cycles whatever it says)
+    engine: str
+
+
+_INFO: dict[tuple[str, int, int], BlendInfo] = {}
+"""What Blender said of a file, by (absolute path, mtime_ns, size): a submit asks once."""
+
+
 async def blend_paths(blend: Path) -> list[str]:
     """``bpy.utils.blend_paths(absolute=False, packed=False)`` of ``blend``, asked of Blender."""
+    return list((await blend_info(blend)).paths)
+
+
+async def blend_info(blend: Path) -> BlendInfo:
+    """:class:`BlendInfo` of ``blend``, asked of Blender once per version of the file (a
+    submit reads the render settings and lists the files: one Blender run). Blender must be on
+    PATH either way."""
+    _blender(blend)
+    try:
+        st = await asyncio.to_thread(blend.stat)
+    except OSError as exc:
+        raise AssetRefused(f"{blend}: cannot read it: {exc.strerror or exc}") from exc
+    key = (str(await asyncio.to_thread(blend.absolute)), st.st_mtime_ns, st.st_size)
+    if key not in _INFO:
+        _INFO[key] = await _ask_blender(blend)
+    return _INFO[key]
+
+
+def _blender(blend: Path) -> str:
     exe = shutil.which("blender")
     if exe is None:
         raise AssetRefused(
             f"{blend}: blender is not on PATH, and the client needs it to list the files a .blend "
             "uses (textures, linked libraries); install Blender on this machine to submit it"
         )
+    return exe
+
+
+async def _ask_blender(blend: Path) -> BlendInfo:
+    exe = _blender(blend)
     proc = await asyncio.create_subprocess_exec(
         exe,
         "-b",
@@ -294,8 +354,15 @@ async def blend_paths(blend: Path) -> list[str]:
     text = out.decode(errors="replace")
     for line in text.splitlines():
         if line.startswith(_MARK):
-            listed = orjson.loads(line[len(_MARK) :])
-            return [str(p) for p in listed]
+            said = orjson.loads(line[len(_MARK) :])
+            return BlendInfo(
+                paths=tuple(str(p) for p in said["paths"]),
+                width=int(said["width"]),
+                height=int(said["height"]),
+                frame=int(said["frame"]),
+                samples=int(said["samples"]),
+                engine=str(said["engine"]),
+            )
     tail = "\n".join(text.splitlines()[-5:])
     raise AssetRefused(f"{blend}: Blender could not read it (exit {proc.returncode}):\n{tail}")
 

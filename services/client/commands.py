@@ -32,6 +32,7 @@ from functools import partial
 from typing import TypeAlias
 
 from proto.limits import DEFAULT_BOUNCES
+from proto.names import RENDERERS
 from services.client import actions, argtypes, recovery
 from services.client.api import DEFAULT_TIMEOUT
 from services.client.argtypes import positive_float
@@ -78,15 +79,47 @@ def _json(p: argparse.ArgumentParser) -> None:
 
 def _add_submit(sub: Sub) -> None:
     p = _command(sub, "submit", actions.submit, "submit one frame, or one job per frame")
-    p.add_argument("scene", metavar="SCENE|BUILTIN", help="scene JSON file or builtin scene name")
+    p.add_argument(
+        "scene",
+        metavar="SCENE|BUILTIN",
+        help="scene file (JSON/OBJ scene, .blend, .pov) or builtin scene name",
+    )
+    p.add_argument(
+        "--renderer",
+        choices=RENDERERS,
+        default=None,
+        help="tessera, blender or povray (default: by the file's extension, .blend blender, "
+        ".pov povray, else tessera); a .blend or .pov is uploaded as an asset first",
+    )
     frames = p.add_mutually_exclusive_group()
-    frames.add_argument("--frame", type=int, default=None, help="frame number (default 0)")
+    frames.add_argument("--frame", type=int, default=None,
+                        help="frame number (default 0; a .blend: its current frame)")  # fmt: skip
     frames.add_argument("--frames", metavar="A-B", help="submit frames A..B, one job each")
-    p.add_argument("--width", type=int, default=320, help="pixels (default 320)")
-    p.add_argument("--height", type=int, default=240, help="pixels (default 240)")
-    p.add_argument("--spp", type=int, default=16, help="samples per pixel (default 16)")
+    p.add_argument("--width", type=int, default=None,
+                   help="pixels (default 320; a .blend: its resolution; a .pov: 800)")  # fmt: skip
+    p.add_argument("--height", type=int, default=None,
+                   help="pixels (default 240; a .blend: its resolution; a .pov: 600)")  # fmt: skip
+    p.add_argument("--spp", type=int, default=None,
+                   help="samples per pixel (default 16; a .blend: its cycles.samples; a .pov: 1, "
+                   "POV-Ray renders each tile once)")  # fmt: skip
     p.add_argument(
         "--tile", type=int, default=None, help="tile edge (default TESSERA_DEFAULT_TILE)"
+    )
+    p.add_argument(
+        "--povray-option",
+        action="append",
+        default=None,
+        metavar="OPT",
+        help="a POV-Ray option, repeatable (+A0.1, +R3, +Q9, +K0.5, Declare=X=1): only options "
+        "that tile exactly; jitter, size, output and region options are refused (exit 2)",
+    )
+    p.add_argument(
+        "--samples-per-pass",
+        type=argtypes.positive_int,
+        default=None,
+        metavar="N",
+        help="Blender: samples per checkpointed pass (default 32); with N >= spp each tile is "
+        "one pass and the float image equals Blender's own render value for value",
     )
     p.add_argument(
         "--max-depth",
@@ -94,7 +127,8 @@ def _add_submit(sub: Sub) -> None:
         default=DEFAULT_BOUNCES,
         help=f"bounces (default {DEFAULT_BOUNCES})",
     )
-    p.add_argument("--seed", type=int, default=0, help="noise seed (default 0)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="noise seed (default 0; a .blend: its cycles.seed)")  # fmt: skip
     p.add_argument("--project", default="default", help="project name (default 'default')")
     p.add_argument("--key", default=None, help="idempotency key (KEY:FRAME for a range)")
     p.add_argument("--priority", type=argtypes.priority, default=50,

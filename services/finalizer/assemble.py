@@ -14,7 +14,9 @@ import asyncio
 import hashlib
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from nats.aio.msg import Msg
 
@@ -38,6 +40,7 @@ from shared.service.settle import ACK, DeadLetter, Delivery, Outcome, Retry, out
 
 __all__ = ["Finalizer", "ImageCorrupt", "ResultLost"]
 
+_POVRAY = "povray"
 #: tile result objects read at once while assembling
 _READS_IN_FLIGHT = 16
 
@@ -186,12 +189,10 @@ class Finalizer:
             await self._render_again(job, attempt_id, lost, log)
             return
 
-        flt, image = await asyncio.to_thread(kernel.float_image_and_tonemap, acc, job.spp)
+        flt, image, encode = await asyncio.to_thread(_images, job, acc)
         float_key = render_key(job.job_id, _sha(flt), "npy")
         # The PNG encodes on one core while the float image is written.
-        png, _ = await asyncio.gather(
-            asyncio.to_thread(kernel.png_of, image), store.put(float_key, flt)
-        )
+        png, _ = await asyncio.gather(asyncio.to_thread(encode, image), store.put(float_key, flt))
         png_sha = _sha(png)
         png_key = render_key(job.job_id, png_sha, "png")
         await store.put(png_key, png)
@@ -302,6 +303,22 @@ class Finalizer:
         )
         self.rt.metrics.finalization_failures.labels(kind="result_lost").inc()
         log.warning("tile results lost; rendering those tiles again", tiles=moved, error=error)
+
+
+def _images(job: Job, acc: Accumulator) -> tuple[bytes, Any, Callable[[Any], bytes]]:
+    """The float image, the display image and its PNG encoder, by the job's renderer.
+
+    ``tessera`` and ``blender`` accumulate linear radiance: the float image is the mean
+    (Blender's own float32 render value for value, for one pass per tile) and the PNG
+    Tessera's tone map of it (smallpt's gamma 2.2, not Blender's view transform).
+    ``povray`` accumulates POV-Ray's own gamma-encoded 16-bit values: no tone curve, the PNG
+    is 16-bit and equals ``povray +FN16``'s image pixel for pixel.
+    """
+    if job.renderer == _POVRAY:
+        flt, image16 = kernel.float_image_and_display16(acc, job.spp)
+        return flt, image16, kernel.png16_of
+    flt, image8 = kernel.float_image_and_tonemap(acc, job.spp)
+    return flt, image8, kernel.png_of
 
 
 def _sha(data: bytes) -> str:

@@ -32,6 +32,7 @@ from proto.api import (
 from proto.api_replies import AssetChunkReply, AssetManifestReply, AssetMissingReply
 from proto.assets import MAX_SCAN_BYTES, Manifest, chunk_sizes, pov_dependencies
 from proto.limits import ASSET_CHUNK_BYTES, MAX_MISSING_QUERY
+from proto.povray import check_povray_source
 from services.gateway.intake import Intake
 from shared.core.errors import NotFoundError, ValidationError
 from shared.objectstore import (
@@ -156,7 +157,8 @@ class AssetHandlers:
                 )
 
     async def _check_pov(self, manifest: Manifest) -> None:
-        """Every file the POV-Ray scene names is in the asset (or POV-Ray's library)."""
+        """Every file the POV-Ray scene names is in the asset (or POV-Ray's library), and none
+        uses a feature that cannot tile exactly (:func:`proto.povray.check_povray_source`)."""
         texts: dict[str, str | None] = {}
 
         def read(path: str) -> str | None:
@@ -167,9 +169,12 @@ class AssetHandlers:
         while True:  # one more pass per include file read (pov_dependencies reads synchronously)
             try:
                 pov_dependencies(manifest.main, read, lambda p: manifest.file(p) is not None)
-                return
+                break
             except _NeedText as need:
                 texts[need.path] = await self._text(manifest, need.path)
+        for path, text in texts.items():
+            if text is not None:
+                check_povray_source(text, path)
 
     async def _text(self, manifest: Manifest, path: str) -> str | None:
         entry = manifest.file(path)

@@ -53,7 +53,8 @@ class Worker:
         # fence the next) the other's passes keep the core busy. Passes of the tiles in hand
         # share the threads.
         self.in_hand = config.tiles_in_hand()
-        # ``assets``: the worker's AssetCache (issue 17, H4), for scenes that are asset references
+        # ``assets``: the worker's AssetCache, for scenes that are asset references (held while
+        # a tile renders them)
         self.scenes = SceneCache(config.scene_cache, config.scene_cache_bytes, assets)
         self._cancel_memory = config.cancel_memory
         self.handing_back = asyncio.Event()

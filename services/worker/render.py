@@ -83,9 +83,17 @@ class Render:
         self._last_read = 0.0  # when the job's row was last read (monotonic)
 
     async def run(self, acc: Accumulator, cp: Checkpoints) -> Finished | Stopped:
-        """Render from ``cp.resumed_from`` to the job's spp into ``acc``, checkpointing."""
+        """Render from ``cp.resumed_from`` to the job's spp into ``acc``, checkpointing.
+
+        The scene's asset (a Blender or POV-Ray job's) is held for the whole render: the
+        renderer reads its files during passes (:meth:`SceneCache.use
+        <services.worker.scenes.SceneCache.use>`).
+        """
+        async with self.ctx.scenes.use(self.job, self.renderer) as prepared:
+            return await self._run(prepared, acc, cp)
+
+    async def _run(self, prepared: Any, acc: Accumulator, cp: Checkpoints) -> Finished | Stopped:
         job, beat, tuning = self.job, self.beat, self.ctx.worker_config
-        prepared = await self.ctx.scenes.get(job, self.renderer)
         plan = self.renderer.passes(job)
         if plan is not None:
             plan = check_plan(plan, job.spp)

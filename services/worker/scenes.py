@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import pathlib
 from collections import OrderedDict
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from proto import names as n
@@ -31,6 +33,10 @@ class AssetSource(Protocol):
 
     async def materialize(self, manifest_sha256: str) -> pathlib.Path: ...
 
+    def hold(self, manifest_sha256: str) -> contextlib.AbstractAsyncContextManager[pathlib.Path]:
+        """The asset's directory, never evicted until the block ends."""
+        ...
+
 
 class SceneCache:
     """A small LRU of prepared scenes keyed by job id, bounded by count and by bytes.
@@ -38,7 +44,8 @@ class SceneCache:
     The newest scene always stays, whatever its size. Tiles of one job that arrive together
     share one preparation instead of each preparing the scene (building the BVH, loading a
     ``.blend``). A job's scene is prepared by its renderer; a scene that is an asset reference
-    (every renderer but ``tessera``) is materialised from ``assets`` first.
+    (every renderer but ``tessera``) is materialised from ``assets`` first, and held while a
+    tile renders it (:meth:`use`).
     """
 
     def __init__(
@@ -55,6 +62,22 @@ class SceneCache:
     def nbytes(self) -> int:
         """Bytes the cached scenes hold, as their renderers count them."""
         return sum(r.nbytes(p) for r, p in self._items.values())
+
+    @contextlib.asynccontextmanager
+    async def use(self, job: Job, renderer: Renderer) -> AsyncIterator[Any]:
+        """The prepared scene of ``job`` (:meth:`get`), with its asset held for the block.
+
+        A render reads the asset's files after :meth:`get` returned (a Blender process opens
+        the ``.blend`` at its first pass, and again after a restart; POV-Ray reads the scene at
+        every tile), so a tile renders inside this block: the asset cache never evicts an asset
+        in use, and a hit of an evicted asset downloads it again to the same path before the
+        tile starts.
+        """
+        if renderer.name == n.RENDERER_TESSERA or self.assets is None:
+            yield await self.get(job, renderer)
+            return
+        async with self.assets.hold(str(job.scene["asset"])):
+            yield await self.get(job, renderer)
 
     async def get(self, job: Job, renderer: Renderer) -> Any:
         """The prepared scene of ``job`` by ``renderer``; the renderer's error if it refuses it.

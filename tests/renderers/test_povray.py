@@ -147,12 +147,3 @@ async def test_cancel_kills_povray(tmp_path: Path) -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert group_members(proc.pid) == []
-
-
-def test_the_scene_cache_counts_a_prepared_scene_by_its_main_file(tmp_path: Path) -> None:
-    # SceneCache bounds its bytes with Renderer.nbytes once it holds two scenes
-    main = tmp_path / "scene.pov"
-    main.write_text("// " + "x" * 997)
-    renderer = PovrayRenderer(slots=1)
-    assert renderer.nbytes(PovrayScene(main, 8, 8, 1)) == 1000
-    assert renderer.nbytes(PovrayScene(tmp_path / "gone.pov", 8, 8, 1)) == 0

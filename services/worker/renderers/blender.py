@@ -261,12 +261,9 @@ class BlenderRenderer:
         )
 
     def nbytes(self, prepared: BlenderScene) -> int:
-        """Bytes the scene cache counts for ``prepared``: its main file's size (the renderer's
-        process holds the scene, this process only its path and settings)."""
-        try:
-            return prepared.path.stat().st_size
-        except OSError:
-            return 0
+        """Bytes the prepared scene holds in the worker: none to speak of (a path and a few
+        numbers; the scene itself is on disk and in the renderer's own processes)."""
+        return 0
 
     def passes(self, job: Any) -> tuple[int, ...]:
         """The job's fixed pass plan (where each pass ends): :func:`blender_passes` of its spp."""

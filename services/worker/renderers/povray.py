@@ -5,7 +5,8 @@ The tile is rendered as a region (``+SC/+EC/+SR/+ER``) grown by :data:`MARGIN` p
 side and then cropped: adaptive anti-aliasing (method 1) compares a pixel with its neighbours, so
 with the margin rendered the tile's pixels are exactly those of POV-Ray's own full-frame image.
 Jitter (random per render) and radiosity (its pre-trace depends on the rendered region) cannot be
-exact and are refused by :func:`check_povray_options` and :func:`check_povray_source`.
+exact and are refused by :func:`check_povray_options` and :func:`check_povray_source` (in
+:mod:`proto.povray`, so the client and the gateway refuse them at submit too).
 
 The output is a 16-bit binary PPM (``+FP16``, exact integers, no dithering); the accumulator
 holds ``value / 65535 * spp`` per channel, so ``sum / spp`` is POV-Ray's pixel value: the
@@ -15,9 +16,9 @@ assembled tiles equal POV-Ray's own 16-bit image pixel for pixel.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import tempfile
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kernel.rect import Rect
+from proto.povray import check_povray_options, check_povray_source
 from services.worker.renderers.procs import (
     RendererCrashed,
     RendererFailed,
@@ -34,7 +36,8 @@ from services.worker.renderers.procs import (
     kill_group,
     spawn,
 )
-from shared.core.errors import TerminalError, ValidationError
+from shared.core.config import worker_settings
+from shared.core.errors import TerminalError
 from shared.core.tiles import Accumulator
 
 __all__ = [
@@ -52,62 +55,6 @@ NAME = "povray"
 #: block, and a region's blocks start at the region's corner, so a tile is rendered as the whole
 #: blocks of the full frame's grid that cover it, then cropped
 BLOCK = 32
-_ALLOWED = [
-    (re.compile(r"[+-]A(\d*\.?\d+)?", re.I), "anti-aliasing on/off and threshold"),
-    (re.compile(r"\+R\d+", re.I), "anti-aliasing depth"),
-    (re.compile(r"\+AM1", re.I), "anti-aliasing method 1"),
-    (re.compile(r"-J", re.I), "jitter off"),
-    (re.compile(r"[+-]Q\d", re.I), "quality"),
-    (re.compile(r"\+K-?\d*\.?\d+", re.I), "clock"),
-    (re.compile(r"(Antialias|Jitter)=(on|off|true|false|yes|no|[01])", re.I), "INI switches"),
-    (re.compile(r"(Antialias_Threshold|Antialias_Depth|Quality|Clock)=-?\d*\.?\d+", re.I), "INI"),
-    (re.compile(r"Sampling_Method=1", re.I), "anti-aliasing method 1"),
-    (re.compile(r"Declare=[A-Za-z_]\w*=-?\d*\.?\d+"), "declared constants"),
-]
-_JITTER = re.compile(r"\+J|Jitter=(on|true|yes|1)", re.I)
-_SOURCE_REFUSED = {
-    "jitter": "`jitter` (area lights) is random per render, so tiles could not equal the frame",
-    "radiosity": "radiosity's pre-trace depends on the rendered region, so tiles would differ",
-}
-
-
-def check_povray_options(options: Sequence[str]) -> list[str]:
-    """The POV-Ray options a job may carry, or ValidationError naming the one refused.
-
-    Size, output, region, threads and display are Tessera's; only options that tile exactly are
-    accepted (anti-aliasing method 1 without jitter, quality, clock, declared constants).
-    """
-    for opt in options:
-        if _JITTER.fullmatch(opt) or opt.upper().startswith("+J"):
-            raise ValidationError(
-                f"POV-Ray option {opt!r} refused: jitter is random per render, so tiles could not"
-                " equal the full frame pixel for pixel; use -J (the default)"
-            )
-        if not any(pattern.fullmatch(opt) for pattern, _ in _ALLOWED):
-            allowed = ", ".join(sorted({what for _, what in _ALLOWED}))
-            raise ValidationError(
-                f"POV-Ray option {opt!r} refused: Tessera sets size, output, region and threads"
-                f" itself, and accepts only options that tile exactly ({allowed})"
-            )
-    return list(options)
-
-
-def _strip_comments_and_strings(text: str) -> str:
-    return re.sub(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\])*"', " ", text, flags=re.S)
-
-
-def check_povray_source(text: str, name: str) -> None:
-    """ValidationError if a ``.pov``/``.inc`` source uses a feature that cannot tile exactly.
-
-    A scan of keywords outside comments and strings: it cannot see a keyword built at parse
-    time (``Parse_String``), which POV-Ray's own scenes do not do for these two.
-    """
-    code = _strip_comments_and_strings(text)
-    for keyword, why in _SOURCE_REFUSED.items():
-        match = re.search(rf"\b{keyword}\b", code)
-        if match is not None:
-            line = code.count("\n", 0, match.start()) + 1
-            raise ValidationError(f"{name} line {line}: {why}")
 
 
 def povray_version(binary: str = "povray") -> str:
@@ -185,6 +132,8 @@ class PovrayRenderer:
         self.threads = threads
         self.watchdog = watchdog
         self.workdir = workdir
+        #: POV-Ray processes at most at once
+        self.processes = slots
         self._slots = asyncio.Semaphore(slots)
         self._running: set[asyncio.subprocess.Process] = set()
 
@@ -196,12 +145,9 @@ class PovrayRenderer:
         return PovrayScene(asset_dir / job.scene["main"], job.width, job.height, job.spp, options)
 
     def nbytes(self, prepared: PovrayScene) -> int:
-        """Bytes the scene cache counts for ``prepared``: its main file's size (the renderer's
-        process holds the scene, this process only its path and settings)."""
-        try:
-            return prepared.path.stat().st_size
-        except OSError:
-            return 0
+        """Bytes the prepared scene holds in the worker: none to speak of (a path and a few
+        numbers; the scene itself is on disk and in the renderer's own processes)."""
+        return 0
 
     def passes(self, job: Any) -> tuple[int, ...]:
         """One pass of all samples: POV-Ray renders a tile once."""
@@ -289,5 +235,10 @@ class PovrayRenderer:
 
 
 def create(found: Any, slots: int) -> PovrayRenderer:
-    """The registry's constructor: at most ``slots`` POV-Ray processes at a time."""
-    return PovrayRenderer(slots=slots, binary=found.executable or "povray", version=found.version)
+    """The registry's constructor: at most ``TESSERA_POVRAY_PROCESSES`` POV-Ray processes at
+    a time (default: the worker's tiles in hand, twice its ``slots`` kernel threads)."""
+    worker = worker_settings(os.environ)
+    processes = worker.povray_processes or worker.in_hand or 2 * slots
+    return PovrayRenderer(
+        slots=processes, binary=found.executable or "povray", version=found.version
+    )

@@ -43,7 +43,7 @@ from shared.core.config.roles import (
     SweeperSettings,
     WorkerSettings,
 )
-from shared.core.config.settings import Settings, variables
+from shared.core.config.settings import Settings, variables, worker_settings
 from shared.core.config.settings import _knobs as _knobs
 from shared.core.config.table import TABLE_BEGIN as TABLE_BEGIN
 from shared.core.config.table import TABLE_END as TABLE_END
@@ -65,4 +65,5 @@ __all__ = [
     "WorkerSettings",
     "knob_table",
     "variables",
+    "worker_settings",
 ]

@@ -103,6 +103,16 @@ class WorkerSettings:
         "comma-separated list such as `tessera,povray` (one not found: the worker does not start)",
         read_by="worker",
     )
+    #: POV-Ray processes a worker runs at once (0 = its tiles in hand)
+    povray_processes: int = _knob(
+        0,
+        "TESSERA_POVRAY_PROCESSES",
+        "POV-Ray processes a worker runs at once, one tile each (0: its tiles in hand, by "
+        "default twice its kernel threads: a POV-Ray process spends about 0.65 s of every tile "
+        "in timed waits, not on a core, so more processes than cores keep the cores busy)",
+        read_by="worker",
+        minimum=0,
+    )
     #: where a worker keeps scene assets (Blender/POV-Ray files), one directory per asset
     #: named by its manifest's sha256 (empty: ``~/.cache/tessera/assets``)
     asset_cache_dir: str = _knob(

@@ -141,6 +141,13 @@ def _knobs() -> Iterator[tuple[str, dataclasses.Field[Any]]]:
             yield name, f
 
 
+def worker_settings(env: Mapping[str, str]) -> WorkerSettings:
+    """Only the worker's knobs from ``env`` (validated like :meth:`Settings.from_env` does),
+    for code that has no :class:`Settings` at hand: a renderer's registry constructor."""
+    worker: WorkerSettings = _group(WorkerSettings, env)
+    return worker
+
+
 def variables() -> set[str]:
     """Every ``TESSERA_*`` variable :meth:`Settings.from_env` reads."""
     return {row[0] for row in _CONNECTIONS} | {f.metadata["env"] for _, f in _knobs()}
