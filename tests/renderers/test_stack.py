@@ -264,6 +264,7 @@ async def test_a_povray_tile_waits_for_a_worker_with_povray(stack: Stack) -> Non
     )
     tessera_id = (await stack.client.submit(tessera))["job_id"]
     assert (await settle(stack.client, tessera_id, stack.procs))["state"] == "completed"
+
     # (planned: the job is ``running``, every tile queued, none started) and status says why
     # (once the key of a POV-Ray worker SIGKILLed by an earlier test has expired: one TTL)
     async def says_why() -> bool:
