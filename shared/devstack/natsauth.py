@@ -10,7 +10,8 @@ user           may
 =============  ===============================================================================
 gateway        serve ``tessera.api.>`` in its queue group and reply (``allow_responses``);
                publish JOBS messages and job-cancelled/-retried/-paused/-resumed events; read
-               and purge DLQ; read live workers (``status`` says when none runs a renderer)
+               and purge DLQ, publish requeued TILES messages and delete requeued letters; read
+               live workers (``status`` says when none runs a renderer)
 scheduler      consume JOBS and ADVISORIES; publish TILES, DLQ copies, job-dead-lettered and
                job-failed (deadlines);
                read/delete messages of JOBS/TILES (exhausted deliveries, sweeper); read leases
@@ -141,6 +142,9 @@ def permissions(
             ev(n.EventKind.JOB_RESUMED),
             f"{API}.STREAM.MSG.GET.{s(n.STREAM_DLQ)}",
             f"{API}.STREAM.MSG.GET.KV_{workers}",  # status: which renderers live workers run
+            # dlq requeue: a requeued tile's TILES message, then the letter deleted
+            nm.tiles_subjects,
+            f"{API}.STREAM.MSG.DELETE.{s(n.STREAM_DLQ)}",
             f"{API}.STREAM.PURGE.{s(n.STREAM_DLQ)}",
         ],
         "scheduler": [

@@ -70,7 +70,8 @@ async def unrelease_idle(conn: Conn, job_id: str, who: Who) -> list[int]:
         target = transition_tile(source, TileTrigger.PAUSE)
         rows = await conn.fetch(
             """
-            UPDATE tiles SET state = $3, published_at = NULL, updated_at = now()
+            UPDATE tiles SET state = $3, published_at = NULL, generation = generation + 1,
+                updated_at = now()
             WHERE job_id = $1 AND state = $2
               AND (published_at IS NOT NULL OR state <> $3)
             RETURNING tile_index
@@ -140,7 +141,8 @@ async def unrelease_tile(
             who = Who(who.node, who.attempt_id, audit.ABANDONED, error)
     await conn.execute(
         """
-        UPDATE tiles SET state = $3, published_at = NULL, updated_at = now()
+        UPDATE tiles SET state = $3, published_at = NULL, generation = generation + 1,
+            updated_at = now()
         WHERE job_id = $1 AND tile_index = $2
         """,
         job_id,

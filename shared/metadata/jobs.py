@@ -268,11 +268,14 @@ async def is_cancel_requested(conn: Conn, job_id: str) -> bool:
 
 
 async def retry(conn: Conn, job_id: str, who: Who) -> None:
-    """RETRY the job: a new generation, errors cleared (tiles are the caller's next step)."""
+    """RETRY the job: a new generation, errors cleared, a deadline that has passed dropped
+    (a retry of a ``deadline_exceeded`` job would fail again at once); tiles are the caller's
+    next step."""
     await move_job(conn, job_id, JobTrigger.RETRY, who=who)
     await conn.execute(
         """
-        UPDATE jobs SET generation = generation + 1, last_error_code = NULL, last_error = NULL
+        UPDATE jobs SET generation = generation + 1, last_error_code = NULL, last_error = NULL,
+            deadline_at = CASE WHEN deadline_at <= now() THEN NULL ELSE deadline_at END
         WHERE job_id = $1
         """,
         job_id,

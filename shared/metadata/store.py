@@ -31,9 +31,7 @@ from shared.metadata.ops import OpsStore
 
 _WORKING = (TileState.LEASED, TileState.PROGRESSING)
 #: tiles an operator retry sends back to the queue (derived from the tile machine)
-REQUEUE_ON_RETRY = tuple(
-    s for s in TileState if s != TileState.QUEUED and TileTrigger.REQUEUE in tile_legal_events(s)
-)
+REQUEUE_ON_RETRY = tiles.REQUEUE_ON_RETRY
 #: tiles a cancel stops at once; ``leased``/``progressing`` ones are stopped by their owners
 CANCEL_IF_IDLE = tuple(
     s for s in TileState if s not in _WORKING and TileTrigger.CANCEL in tile_legal_events(s)

@@ -19,6 +19,7 @@ from shared.core.lifecycle import (
     JobTrigger,
     TileState,
     TileTrigger,
+    tile_legal_events,
     transition_tile,
 )
 from shared.metadata import audit, jobs
@@ -140,11 +141,21 @@ async def mark_published(
     )
 
 
+#: tiles an operator retry sends back to the queue (derived from the tile machine)
+REQUEUE_ON_RETRY = tuple(
+    s for s in TileState if s != TileState.QUEUED and TileTrigger.REQUEUE in tile_legal_events(s)
+)
+
+
 async def unrelease_queued(conn: Conn, job_id: str) -> None:
-    """The job's queued tiles back to unreleased (``published_at`` NULL): a retry hands them
-    to the dispatcher, whose release gives them a new generation."""
+    """The job's released queued tiles back to unreleased (``published_at`` NULL) under a new
+    generation: a retry hands them to the dispatcher, and a message of theirs still in the
+    stream is superseded (a worker drops it) instead of rendered outside the window."""
     await conn.execute(
-        "UPDATE tiles SET published_at = NULL WHERE job_id = $1 AND state = $2",
+        """
+        UPDATE tiles SET published_at = NULL, generation = generation + 1
+        WHERE job_id = $1 AND state = $2 AND published_at IS NOT NULL
+        """,
         job_id,
         TileState.QUEUED.value,
     )

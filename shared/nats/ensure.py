@@ -55,7 +55,9 @@ async def _purge_legacy_tiles(js: JetStreamContext, topology: Topology) -> None:
 
     The ``workers`` consumer is filtered to ``tessera.tiles.tessera.>`` now, so nothing would
     ever read them; their tiles have no message under their renderer's subject, so the sweeper
-    re-publishes them (DESIGN "Sweeper"). Asked first, so a read-only user never purges.
+    re-publishes them (DESIGN "Sweeper"). Asked first, so a read-only user purges only when
+    there is something to purge; a user without the permission (any but the topology owner) is
+    refused, or its request times out, and leaves the purge to the owner.
     """
     tiles = topology.names.stream(n.STREAM_TILES)
     legacy = topology.names.legacy_tile_subjects
@@ -64,7 +66,10 @@ async def _purge_legacy_tiles(js: JetStreamContext, topology: Topology) -> None:
     except (NotFoundError, *_TRANSIENT):
         return
     if info.state.subjects:
-        await js.purge_stream(tiles, subject=legacy)
+        try:
+            await js.purge_stream(tiles, subject=legacy)
+        except (APIError, *_TRANSIENT):
+            return
 
 
 async def _attempts(what: str, step: Callable[[], Awaitable[T]]) -> T:

@@ -10,8 +10,9 @@ unit        rows                                  action
                                                   is dead/failed, job → queued (one
                                                   transaction, generation + 1 each); publish
                                                   the TileMessage under the new generation
-                                                  (and the JobMessage, so the planner
-                                                  re-publishes the job's other open tiles)
+                                                  (a moved job's other tiles are requeued
+                                                  and unreleased: the dispatcher releases
+                                                  them)
 ``tile-i``  tile queued / failed_retryable, job   **replay**: an earlier requeue moved the rows
             live                                  but its publish or clean-up was cut short;
                                                   publish again under the same generation

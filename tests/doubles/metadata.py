@@ -166,8 +166,9 @@ class MemoryMetadata:
         if TileTrigger.PAUSE not in tile_legal_events(tile.state):
             return False
         self._put_tile(
-            tile, state=transition_tile(tile.state, TileTrigger.PAUSE), published_at=None
-        )
+            tile, state=transition_tile(tile.state, TileTrigger.PAUSE), published_at=None,
+            generation=tile.generation + 1,
+        )  # fmt: skip
         self._end(attempt_id, AttemptOutcome.PAUSED, None, None)
         return True
 
