@@ -148,15 +148,12 @@ async def _requeue(conn: Conn, job_id: str, tile_index: int, who: Who) -> TileRe
         # The job runs again, as after a retry: its other failed or dead-lettered tiles (a
         # dead-lettered job's in-flight tiles end failed_terminal) are requeued too, and its
         # queued ones unreleased, for the dispatcher to release under a new generation (the
-        # planner writes rows only; nothing else would publish them).
+        # planner writes rows only; nothing else would publish them). This tile is published
+        # by the requeue itself.
         await tiles.move_idle(
             conn, job_id, tiles.REQUEUE_ON_RETRY, TileTrigger.REQUEUE, who, fresh=True
         )
-        await tiles.unrelease_queued(conn, job_id)
-        row = await conn.fetchrow(
-            "SELECT * FROM tiles WHERE job_id = $1 AND tile_index = $2", job_id, tile_index
-        )
-        assert row is not None  # locked by the update above
+        await tiles.unrelease_queued(conn, job_id, keep=tile_index)
     return TileRequeue(await jobs.require_job(conn, job_id), Tile.from_record(row), moved_job)
 
 

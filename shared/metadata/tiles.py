@@ -147,17 +147,20 @@ REQUEUE_ON_RETRY = tuple(
 )
 
 
-async def unrelease_queued(conn: Conn, job_id: str) -> None:
-    """The job's released queued tiles back to unreleased (``published_at`` NULL) under a new
-    generation: a retry hands them to the dispatcher, and a message of theirs still in the
-    stream is superseded (a worker drops it) instead of rendered outside the window."""
+async def unrelease_queued(conn: Conn, job_id: str, *, keep: int | None = None) -> None:
+    """The job's released queued tiles (but tile ``keep``) back to unreleased (``published_at``
+    NULL) under a new generation: a retry hands them to the dispatcher, and a message of theirs
+    still in the stream is superseded (a worker drops it) instead of rendered outside the
+    window."""
     await conn.execute(
         """
         UPDATE tiles SET published_at = NULL, generation = generation + 1
         WHERE job_id = $1 AND state = $2 AND published_at IS NOT NULL
+          AND tile_index IS DISTINCT FROM $3
         """,
         job_id,
         TileState.QUEUED.value,
+        keep,
     )
 
 

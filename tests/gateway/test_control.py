@@ -149,7 +149,8 @@ async def test_pause_unreleases_idle_tiles_resume_releases_them_again(
     assert all(t.state is TileState.QUEUED and t.published_at is None for t in tiles)
     # the dispatcher's next round releases every tile again, each under a new generation
     released = await db.release_tiles({"tessera": 10}, limit=10, usage_window=300)
-    assert sorted((t.tile_index, t.generation) for t in released.tiles) == [(0, 1), (1, 1), (2, 1)]
+    # (each un-released under generation 1, released again as 2)
+    assert sorted((t.tile_index, t.generation) for t in released.tiles) == [(0, 2), (1, 2), (2, 2)]
     trail = [(e.from_state, e.to_state) for e in await db.job_events(job_id)
              if e.trigger == "resume"]  # fmt: skip
     assert trail == [("paused", "running")]

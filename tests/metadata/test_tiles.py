@@ -468,3 +468,38 @@ async def test_an_unfenced_failure_without_attempt_records_no_outcome(
         )
     tile = await store.get_tile(job_id, 1)
     assert tile is not None and tile.state == TileState.QUEUED
+
+
+async def test_a_requeue_that_revives_the_job_hands_its_other_tiles_to_the_dispatcher(
+    store: MetadataStore, new_job: Factory
+) -> None:
+    # A dead-lettered job: tile 0 the poison, tile 1 stopped failed_terminal with the job (its
+    # owner saw the job end), tile 2 released and idle, tile 3 done.
+    job_id = await _planned(store, new_job)
+    await store.mark_published(job_id, [0, 1, 2, 3], 0)
+    for i, token in ((0, 5), (1, 6), (3, 7)):
+        assert await store.fence_tile(job_id, i, token=token, attempt_id=f"a{i}", node="w")
+    assert await _commit(store, job_id, 3, 7, "a3") is CommitOutcome.COMMITTED
+    await store.fail_tile(
+        job_id, 0, token=5, attempt_id="a0", trigger=TileTrigger.DEAD_LETTER, error_code="p",
+        error="poison", node="w", outcome="terminal", job_trigger=JobTrigger.DEAD_LETTER,
+    )  # fmt: skip
+    await store.fail_tile(
+        job_id, 1, token=6, attempt_id="a1", trigger=TileTrigger.TERMINAL_FAILURE,
+        error_code="p", error="job ended", node="w", outcome="terminal",
+    )  # fmt: skip
+    before = {t.tile_index: t for t in await store.list_tiles(job_id)}
+    requeued = await store.ops.requeue_tile(job_id, 0, node="ops")
+    assert requeued.job_requeued and requeued.job.state is JobState.QUEUED
+    after = {t.tile_index: t for t in await store.list_tiles(job_id)}
+    # the requeued tile is published by the requeue itself: one generation on, still released
+    assert after[0].state is TileState.QUEUED and after[0].generation == before[0].generation + 1
+    assert after[0].published_at is not None
+    # its sibling failed with the job goes back too, and the idle one is unreleased under a new
+    # generation (a message of it still in TILES is then superseded); done stays done
+    assert after[1].state is TileState.QUEUED and after[1].last_error_code is None
+    assert after[2].state is TileState.QUEUED and after[2].published_at is None
+    assert after[2].generation == before[2].generation + 1
+    assert after[3].state is TileState.DONE and after[3].generation == before[3].generation
+    released = await store.release_tiles({"tessera": 10}, limit=10, usage_window=300)
+    assert sorted(t.tile_index for t in released.tiles) == [1, 2], "the dispatcher takes them"
