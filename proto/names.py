@@ -140,6 +140,10 @@ RENDERER_TESSERA = "tessera"
 RENDERERS = (RENDERER_TESSERA, "blender", "povray")
 """Every renderer Tessera knows (one TILES consumer each)."""
 
+DISPLAY_REFERRED_RENDERERS = frozenset({"povray"})
+"""Renderers whose accumulators hold display-referred values (POV-Ray's gamma-encoded 16-bit
+values): their images are not tone-mapped (:mod:`kernel.image`)."""
+
 
 def workers_consumer(renderer: str) -> str:
     """The durable consumer on TILES of one renderer's tiles: ``workers`` for ``tessera`` (its

@@ -27,6 +27,7 @@ from shared.metadata.models import (
     TileCounts,
     TileFence,
 )
+from shared.metadata.console import ConsoleStore
 from shared.metadata.ops import OpsStore
 
 _WORKING = (TileState.LEASED, TileState.PROGRESSING)
@@ -46,12 +47,14 @@ class MetadataStore(StoreBase):
     only through :mod:`shared.core.lifecycle`: an illegal move raises
     :class:`~shared.core.lifecycle.IllegalTransition` and changes nothing. The operator queries and
     the one-tile requeue are :attr:`ops` (an :class:`~shared.metadata.ops.OpsStore` on the
-    same pool).
+    same pool), the web console's reads :attr:`console` (a
+    :class:`~shared.metadata.console.ConsoleStore`).
     """
 
     def __init__(self, pool: asyncpg.Pool[Record], *, acquire_timeout: float) -> None:
         super().__init__(pool, acquire_timeout=acquire_timeout)
         self.ops = OpsStore(self)
+        self.console = ConsoleStore(self)
 
     # ---- jobs -----------------------------------------------------------------------------
 
