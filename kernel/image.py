@@ -142,7 +142,9 @@ def _display16_in_place(mean: np.ndarray) -> np.ndarray:
     return mean.astype(np.uint16)
 
 
-def display8(accumulator: np.ndarray, samples: int, *, display_referred: bool = False) -> np.ndarray:
+def display8(
+    accumulator: np.ndarray, samples: int, *, display_referred: bool = False
+) -> np.ndarray:
     """The 8-bit image a person sees of an accumulator: :func:`tonemap` for linear radiance,
     the top byte of the 16-bit image for a display-referred one (what the finalizer's PNG shows,
     at 8 bits). For previews, which mix tiles of different sample counts: one call per tile."""

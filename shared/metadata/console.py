@@ -20,7 +20,7 @@ from shared.metadata.audit import ABANDONED, Conn
 from shared.metadata.base import StoreBase
 from shared.metadata.models import AttemptOutcome, AuditEvent, Job
 
-__all__ = ["ConsoleStore", "FarmAudit", "TileRow", "TILE_ERROR_CHARS", "TIMELINE_ERROR_CHARS"]
+__all__ = ["TILE_ERROR_CHARS", "TIMELINE_ERROR_CHARS", "ConsoleStore", "FarmAudit", "TileRow"]
 
 #: a tile's ``last_error`` in ``job.tiles`` is cut to this many characters
 TILE_ERROR_CHARS = 200
@@ -102,7 +102,8 @@ _EVENT_COLUMNS = (
 # by attempts_final_ended (migration 0006).
 _FARM = f"""
 WITH t AS (
-    SELECT outcome, resumed_from, extract(epoch FROM ended_at - started_at) AS seconds
+    SELECT outcome, resumed_from,
+           extract(epoch FROM ended_at - started_at)::float8 AS seconds
     FROM attempts
     WHERE kind = 'tile' AND ended_at > now() - make_interval(secs => $1)
 ), f AS (
@@ -146,7 +147,7 @@ class ConsoleStore:
         (``error`` cut to :data:`TIMELINE_ERROR_CHARS`)."""
         query = f"""
             SELECT {_EVENT_COLUMNS} FROM job_events
-            WHERE job_id = $1 AND ($2::bigint IS NULL OR id < $2)
+            WHERE job_id = $1 AND ($2::bigint IS NULL OR id < $2::bigint)
             ORDER BY id DESC LIMIT $3
         """
         rows = await self._db._read(

@@ -11,6 +11,7 @@ from shared.core.lifecycle import JobState, JobTrigger, TileState, TileTrigger, 
 from shared.metadata import audit, control, dispatch, fastpath, fencing, jobs, projects, tiles
 from shared.metadata.audit import Conn, Who
 from shared.metadata.base import StoreBase
+from shared.metadata.console import ConsoleStore
 from shared.metadata.models import (
     Attempt,
     AttemptOutcome,
@@ -27,7 +28,6 @@ from shared.metadata.models import (
     TileCounts,
     TileFence,
 )
-from shared.metadata.console import ConsoleStore
 from shared.metadata.ops import OpsStore
 
 _WORKING = (TileState.LEASED, TileState.PROGRESSING)
