@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import builtins
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -285,9 +286,9 @@ class TesseraClient:
         """A job's tiles: rows of ``columns`` (``tiles``), ``next_offset`` if more remain."""
         return await self.call(ApiVerb.JOB_TILES, {"job_id": job_id, "offset": offset})
 
-    async def all_tiles(self, job_id: str) -> list[dict[str, Any]]:
+    async def all_tiles(self, job_id: str) -> builtins.list[dict[str, Any]]:
         """Every tile of a job as a ``{column: value}`` dict, in index order (pages followed)."""
-        out: list[dict[str, Any]] = []
+        out: builtins.list[dict[str, Any]] = []
         offset: int | None = None
         while True:
             reply = await self.job_tiles(job_id, offset=offset)

@@ -45,7 +45,7 @@ async def _planned(rt: Runtime, client: TesseraClient, **overrides: Any) -> tupl
     job = await rt.db.get_job(job_id)
     assert job is not None
     rects = plan_rects(job.width, job.height, job.tile_size)
-    await rt.db.plan_tiles(job_id, [tuple(r) for r in rects])
+    await rt.db.plan_tiles(job_id, rects)
     return job_id, len(rects)
 
 
@@ -162,7 +162,7 @@ async def test_the_timeline_pages_newest_first_through_the_whole_audit_trail(
     await _lease(runtime, job_id, 3, 1, "a1", "node-a")
     await _fail(runtime, job_id, 3, 1, "a1", "boom")
     trail = await runtime.db.job_events(job_id)
-    assert len(trail) > 5
+    assert len(trail) >= 5  # created, planned, running, the lease, the failure
     seen: list[dict[str, Any]] = []
     before: int | None = None
     while True:
