@@ -421,7 +421,7 @@ class JobTilesReply:
 
     Each row is an array of the values named by ``columns`` (always :data:`TILE_COLUMNS`,
     in that order; see the field's text), compact so a 4,096-tile job fits in one reply
-    (about 75 bytes a row). When the rows do not all fit (a larger job, or long error texts
+    (70 to 90 bytes a row). When the rows do not all fit (a larger job, or long error texts
     on many tiles), the page ends early and
     ``next_offset`` is the ``offset`` of the next page.
     """
