@@ -57,12 +57,17 @@ async def _lease(
     assert ok
 
 
-async def _commit(rt: Runtime, job_id: str, i: int, token: int, attempt: str, acc: Any) -> None:
+async def _commit(
+    rt: Runtime, job_id: str, i: int, token: int, attempt: str, acc: Any, *, inline: bool = False
+) -> None:
+    """Commit ``acc`` as the tile's result: an object, or (``inline``) in the database."""
     data = to_npy(acc)
-    key = tile_result_key(job_id, i, sha256_hex(data))
-    await rt.store.put(key, data)
+    key = None if inline else tile_result_key(job_id, i, sha256_hex(data))
+    if key is not None:
+        await rt.store.put(key, data)
     done = TileCommit(job_id, i, token=token, attempt_id=attempt, result_key=key,
-                      result_sha256=sha256_hex(data), samples_done=4, node="n")  # fmt: skip
+                      result_sha256=sha256_hex(data), samples_done=4, node="n",
+                      result_data=data if inline else None)  # fmt: skip
     await rt.db.commit_tile(done)
 
 
@@ -229,7 +234,7 @@ async def test_the_preview_shows_committed_tiles_checkpoints_and_grey_and_is_cac
     again = await client.job_preview(job_id, max_edge=64)
     assert again["version"] == first["version"] and again["data_b64"] == first["data_b64"]
     await _lease(runtime, job_id, 1, 3, "a3", "node-a")
-    await _commit(runtime, job_id, 1, 3, "a3", _flat(1.0))
+    await _commit(runtime, job_id, 1, 3, "a3", _flat(1.0), inline=True)  # a small result
     within = await client.job_preview(job_id, max_edge=64)  # changed, but within the second
     assert within["version"] == first["version"] and previews.encodes == 1
     now[0] += 1.0
@@ -244,6 +249,21 @@ async def test_the_preview_shows_committed_tiles_checkpoints_and_grey_and_is_cac
     assert (small["width"], small["height"], small["max_edge"]) == (16, 12, 16)
     assert (_pixels(small)[0:4, 0:4] == kernel.image.tonemap(_flat(0.25), 4)[0, 0]).all()
     assert previews.encodes == 3
+
+
+async def test_a_preview_too_large_for_one_reply_is_encoded_smaller(
+    gateway: Gateway, runtime: Runtime, client: TesseraClient
+) -> None:
+    job_id, total = await _planned(runtime, client)
+    rng = np.random.default_rng(3)
+    for i in range(total):  # noise compresses badly: 64x48 of it is about 9 KB of PNG
+        await _lease(runtime, job_id, i, i + 1, f"a{i}", "node-a")
+        await _commit(runtime, job_id, i, i + 1, f"a{i}", rng.uniform(0, 4, (16, 16, 3)))
+    gateway.console.previews.budget = 3000
+    reply = await client.job_preview(job_id, max_edge=64)
+    assert len(reply["data_b64"]) <= 3000 and reply["tiles_done"] == total
+    assert reply["width"] < 64 and reply["height"] < 48 and reply["max_edge"] == 64
+    assert _pixels(reply).shape == (reply["height"], reply["width"], 3)
 
 
 @pytest.mark.parametrize(
