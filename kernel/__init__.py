@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from kernel.flatten import Prepared, prepare
     from kernel.hashing import KERNEL_VERSION, input_hash
     from kernel.image import (
+        display8,
         encode_float_image,
         encode_png,
         float_image_and_display16,
@@ -46,6 +47,7 @@ _HOME = {
     "prepare": "flatten",
     "KERNEL_VERSION": "hashing",
     "input_hash": "hashing",
+    "display8": "image",
     "encode_float_image": "image",
     "encode_png": "image",
     "float_image_and_display16": "image",
@@ -73,6 +75,7 @@ __all__ = [
     "Scene",
     "SceneError",
     "builtin_scene",
+    "display8",
     "encode_float_image",
     "encode_png",
     "float_image_and_display16",

@@ -130,11 +130,28 @@ def float_image_and_display16(accumulator: np.ndarray, samples: int) -> tuple[by
     acc = _checked(accumulator, samples)
     mean = _mean(acc, samples)
     flt = _npy(mean)
+    return flt, _display16_in_place(mean)
+
+
+def _display16_in_place(mean: np.ndarray) -> np.ndarray:
+    """The 16-bit image of a display-referred mean (overwritten)."""
     np.nan_to_num(mean, copy=False, nan=0.0)
     np.clip(mean, 0.0, 1.0, out=mean)
     np.multiply(mean, 65535.0, out=mean)
     np.rint(mean, out=mean)
-    return flt, mean.astype(np.uint16)
+    return mean.astype(np.uint16)
+
+
+def display8(
+    accumulator: np.ndarray, samples: int, *, display_referred: bool = False
+) -> np.ndarray:
+    """The 8-bit image a person sees of an accumulator: :func:`tonemap` for linear radiance,
+    the top byte of the 16-bit image for a display-referred one (what the finalizer's PNG shows,
+    at 8 bits). For previews, which mix tiles of different sample counts: one call per tile."""
+    if not display_referred:
+        return tonemap(accumulator, samples)
+    image16 = _display16_in_place(_mean(_checked(accumulator, samples), samples))
+    return (image16 >> 8).astype(np.uint8)
 
 
 def _chunk(kind: bytes, data: bytes) -> bytes:

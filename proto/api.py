@@ -31,6 +31,11 @@ subject                   schema              fields (defaults)
 ``.asset.missing``        AssetMissingRequest chunks
 ``.asset.chunk``          AssetChunkRequest   sha256, data (msgpack only)
 ``.asset.manifest``       AssetManifestRequest manifest, renderer
+``.job.tiles``            JobTilesRequest     job_id, offset (0)
+``.job.timeline``         JobTimelineRequest  job_id, limit (200), before_id (none)
+``.job.preview``          JobPreviewRequest   job_id, max_edge (512)
+``tessera.api.workers``   WorkersRequest      renderer (all)
+``tessera.api.farm``      FarmRequest         window (300 s)
 ========================  ==================  ==============================================
 """
 
@@ -51,16 +56,21 @@ from proto.limits import (
     ASSET_CHUNK_BYTES,
     CURSOR_RE,
     DEFAULT_BOUNCES,
+    DEFAULT_FARM_WINDOW,
     DEFAULT_LIST_LIMIT,
+    DEFAULT_PREVIEW_EDGE,
     DEFAULT_PRIORITY,
     DEFAULT_REQUEUE_RATE,
     DEFAULT_TILE_SIZE,
+    DEFAULT_TIMELINE_LIMIT,
     IDEMPOTENCY_KEY_RE,
     MAX_BOUNCES,
     MAX_DIMENSION,
+    MAX_FARM_WINDOW,
     MAX_FRAME,
     MAX_LIST_LIMIT,
     MAX_MISSING_QUERY,
+    MAX_PREVIEW_EDGE,
     MAX_PRIORITY,
     MAX_REQUEST_BYTES,
     MAX_REQUEUE_LIMIT,
@@ -71,6 +81,9 @@ from proto.limits import (
     MAX_SPP,
     MAX_TILE_SIZE,
     MAX_TILES,
+    MAX_TIMELINE_LIMIT,
+    MIN_FARM_WINDOW,
+    MIN_PREVIEW_EDGE,
     MIN_TILE_SIZE,
     PROJECT_RE,
     Scene,
@@ -591,6 +604,102 @@ class AssetManifestRequest:
         return cls(manifest, renderer)
 
 
+@dataclass(frozen=True)
+class JobTilesRequest:
+    """``tessera.api.job.tiles``: every tile of a job with its audit counts, in index order.
+
+    One reply holds a 4,096-tile job; a larger job (or long error texts) continues with
+    ``offset: next_offset``.
+    """
+
+    job_id: Annotated[str, "the job's id"]
+    offset: Annotated[int, "first tile index of the page (0..16,383)"] = 0
+
+    @classmethod
+    def from_body(cls, body: Body) -> Self:
+        """Read and validate a parsed body."""
+        job_id = _job_id(body)
+        offset = check_range("offset", body.integer("offset", 0), 0, MAX_TILES - 1)
+        body.done()
+        return cls(job_id, offset)
+
+
+@dataclass(frozen=True)
+class JobTimelineRequest:
+    """``tessera.api.job.timeline``: a job's audit trail, newest first, a page at a time."""
+
+    job_id: Annotated[str, "the job's id"]
+    limit: Annotated[int, "page size (1..1000)"] = DEFAULT_TIMELINE_LIMIT
+    before_id: Annotated[
+        int | None, "only rows older than this ``id`` (the previous page's ``next_before_id``)"
+    ] = None
+
+    @classmethod
+    def from_body(cls, body: Body) -> Self:
+        """Read and validate a parsed body."""
+        job_id = _job_id(body)
+        limit = body.integer("limit", DEFAULT_TIMELINE_LIMIT)
+        check_range("limit", limit, 1, MAX_TIMELINE_LIMIT)
+        before = body.integer("before_id", None)
+        if before is not None:
+            check_range("before_id", before, 1, MAX_SEQ)
+        body.done()
+        return cls(job_id, limit, before)
+
+
+@dataclass(frozen=True)
+class JobPreviewRequest:
+    """``tessera.api.job.preview``: the image so far, from committed tiles and the latest
+    checkpoints, tone-mapped and downscaled to fit ``max_edge``."""
+
+    job_id: Annotated[str, "the job's id"]
+    max_edge: Annotated[int, "the preview's longer side, at most this many pixels (16..2048)"] = (
+        DEFAULT_PREVIEW_EDGE
+    )
+
+    @classmethod
+    def from_body(cls, body: Body) -> Self:
+        """Read and validate a parsed body."""
+        job_id = _job_id(body)
+        edge = body.integer("max_edge", DEFAULT_PREVIEW_EDGE)
+        check_range("max_edge", edge, MIN_PREVIEW_EDGE, MAX_PREVIEW_EDGE)
+        body.done()
+        return cls(job_id, edge)
+
+
+@dataclass(frozen=True)
+class WorkersRequest:
+    """``tessera.api.workers``: the live workers (the ``tessera-workers`` bucket), by node."""
+
+    renderer: Annotated[str | None, "only workers that run this renderer (default: all)"] = None
+
+    @classmethod
+    def from_body(cls, body: Body) -> Self:
+        """Read and validate a parsed body."""
+        renderer = body.string("renderer", None)
+        body.done()
+        if renderer is not None:
+            check_str("renderer", renderer, RENDERER_RE, 32)
+        return cls(renderer)
+
+
+@dataclass(frozen=True)
+class FarmRequest:
+    """``tessera.api.farm``: the farm's operational numbers over the last ``window`` seconds."""
+
+    window: Annotated[int, "seconds of audit trail the rates and latencies cover (10..86,400)"] = (
+        DEFAULT_FARM_WINDOW
+    )
+
+    @classmethod
+    def from_body(cls, body: Body) -> Self:
+        """Read and validate a parsed body."""
+        window = body.integer("window", DEFAULT_FARM_WINDOW)
+        check_range("window", window, MIN_FARM_WINDOW, MAX_FARM_WINDOW)
+        body.done()
+        return cls(window)
+
+
 def _sha256(name: str, value: Any) -> str:
     if not isinstance(value, str):
         raise DecodeError(f"{name}: expected a string, got {type(value).__name__}")
@@ -600,11 +709,14 @@ def _sha256(name: str, value: Any) -> str:
 R = TypeVar("R", SubmitRequest, JobRequest, ListRequest, DlqListRequest, DlqShowRequest,
             DlqRequeueRequest, DlqPurgeRequest, ResultRequest, PriorityRequest,
             ProjectSetRequest, ProjectListRequest, ProjectShowRequest, AssetMissingRequest,
-            AssetChunkRequest, AssetManifestRequest)  # fmt: skip
+            AssetChunkRequest, AssetManifestRequest, JobTilesRequest, JobTimelineRequest,
+            JobPreviewRequest, WorkersRequest, FarmRequest)  # fmt: skip
 REQUEST_SCHEMAS = (SubmitRequest, JobRequest, ListRequest, DlqListRequest, DlqShowRequest,
                    DlqRequeueRequest, DlqPurgeRequest, ResultRequest, PriorityRequest,
                    ProjectSetRequest, ProjectListRequest, ProjectShowRequest,
-                   AssetMissingRequest, AssetChunkRequest, AssetManifestRequest)  # fmt: skip
+                   AssetMissingRequest, AssetChunkRequest, AssetManifestRequest,
+                   JobTilesRequest, JobTimelineRequest, JobPreviewRequest, WorkersRequest,
+                   FarmRequest)  # fmt: skip
 
 
 VERB_REQUESTS: dict[ApiVerb, type] = {
@@ -627,6 +739,11 @@ VERB_REQUESTS: dict[ApiVerb, type] = {
     ApiVerb.ASSET_MISSING: AssetMissingRequest,
     ApiVerb.ASSET_CHUNK: AssetChunkRequest,
     ApiVerb.ASSET_MANIFEST: AssetManifestRequest,
+    ApiVerb.JOB_TILES: JobTilesRequest,
+    ApiVerb.JOB_TIMELINE: JobTimelineRequest,
+    ApiVerb.JOB_PREVIEW: JobPreviewRequest,
+    ApiVerb.WORKERS: WorkersRequest,
+    ApiVerb.FARM: FarmRequest,
 }
 """The request schema of every verb."""
 

@@ -44,6 +44,19 @@ subject                   schema              fields
                                               max_query
 ``.asset.chunk``          AssetChunkReply     sha256, size, stored
 ``.asset.manifest``       AssetManifestReply  asset, main, files, size, stored
+``.job.tiles``            JobTilesReply       job_id, width, height, tile_size, renderer,
+                                              state, spp, tiles_total, columns, tiles,
+                                              offset, next_offset
+``.job.timeline``         JobTimelineReply    job_id, events, next_before_id
+``.job.preview``          JobPreviewReply     job_id, width, height, tiles_done, tiles_total,
+                                              samples_done, samples_total, content_type,
+                                              data_b64, version, max_edge, encoded_at
+``tessera.api.workers``   WorkersReply        workers, threads, at
+``tessera.api.farm``      FarmReply           queue_depth, oldest_age_s, in_flight,
+                                              retry_rate, duplicates_suppressed,
+                                              lease_renewal_failures, resume_rate,
+                                              latency_p50_s, latency_p95_s, latency_p99_s,
+                                              dlq_size, finalization_failures, window_s, at
 (items)                   JobSummary          job_id, project, state, frame, width, height,
                                               spp, generation, created_at, updated_at,
                                               finished_at, priority, deadline_at, renderer
@@ -55,6 +68,11 @@ subject                   schema              fields
                                               tile, generation, done
 (items)                   ProjectView         name, configured, weight, max_in_flight,
                                               queued, in_flight, core_seconds, share
+(items)                   TimelineEvent       id, at, kind, entity, tile_index, attempt_id,
+                                              node, from_state, to_state, detail,
+                                              error_code, error
+(items)                   WorkerView          node, threads, in_hand, renderers, version,
+                                              started_at, uptime_s, current_tiles
 ========================  ==================  ==============================================
 """
 
@@ -68,7 +86,14 @@ from proto.api import ResultKind
 from proto.names import ApiVerb
 from proto.replies import ok_reply
 
-__all__ = ["REPLY_SCHEMAS", "VERB_REPLIES", "encode_reply", "field_docs", "reply_fields"]
+__all__ = [
+    "REPLY_SCHEMAS",
+    "TILE_COLUMNS",
+    "VERB_REPLIES",
+    "encode_reply",
+    "field_docs",
+    "reply_fields",
+]
 
 
 _JOB_STATE = "job state (see *Job states*)"
@@ -372,6 +397,176 @@ class AssetManifestReply:
     stored: Annotated[bool, "true if this request wrote the manifest, false if already stored"]
 
 
+TILE_COLUMNS = (
+    "index", "x", "y", "w", "h", "state", "samples_done", "spp", "attempts", "takeovers",
+    "resumes", "last_error_code", "last_error", "node",
+)  # fmt: skip
+"""The columns of a ``job.tiles`` row, in order (``columns`` in the reply)."""
+
+TILE_COLUMN_DOCS = (
+    "``index`` tile index; ``x``, ``y``, ``w``, ``h`` its rectangle in pixels (row 0 at the "
+    "top); ``state`` its tile state; ``samples_done`` samples per pixel recorded (at the last "
+    "checkpoint, or ``spp`` once done); ``spp`` the job's samples per pixel; ``attempts`` "
+    "attempts started (leases taken); ``takeovers`` leases taken from an owner that stopped "
+    "renewing (audit rows ``lease_expired``); ``resumes`` attempts that resumed from a "
+    "checkpoint; ``last_error_code``, ``last_error`` (cut to 200 characters) the tile's last "
+    "failure or null; ``node`` the worker holding it now (an open attempt under the tile's "
+    "fence), null when none"
+)
+
+
+@dataclass(frozen=True)
+class JobTilesReply:
+    """``tessera.api.job.tiles``: a job's tiles, one row per tile in index order.
+
+    Each row is an array of the values named by ``columns`` (always :data:`TILE_COLUMNS`,
+    in that order; see the field's text), compact so a 4,096-tile job fits in one reply
+    (70 to 90 bytes a row). When the rows do not all fit (a larger job, or long error texts
+    on many tiles), the page ends early and
+    ``next_offset`` is the ``offset`` of the next page.
+    """
+
+    job_id: Annotated[str, "the job's id"]
+    width: Annotated[int, "image width, pixels"]
+    height: Annotated[int, "image height, pixels"]
+    tile_size: Annotated[int, "tile edge, pixels"]
+    renderer: Annotated[str, "what renders it (tessera, blender or povray)"]
+    state: Annotated[str, f"the {_JOB_STATE} now"]
+    spp: Annotated[int, "samples per pixel requested"]
+    tiles_total: Annotated[int, "tiles of the job (0 until planned)"]
+    columns: Annotated[list[str], "the names of a row's values, in order: " + TILE_COLUMN_DOCS]
+    tiles: Annotated[list[list[int | str | None]], "the rows, in index order from ``offset``"]
+    offset: Annotated[int, "tile index of the first row"]
+    next_offset: Annotated[int | None, "``offset`` of the next page; null on the last page"]
+
+
+@dataclass(frozen=True)
+class TimelineEvent:
+    """One row of a job's audit trail in ``job.timeline``; ``error`` cut to 500 characters."""
+
+    id: Annotated[int, "the row's id (increasing; ``before_id`` pages by it)"]
+    at: Annotated[str, "when it happened (timestamp)"]
+    kind: Annotated[str, "what happened: the trigger (``lease``, ``commit``, ``pause``, ...)"]
+    entity: Annotated[str, "``job`` or ``tile``"]
+    tile_index: Annotated[int | None, "the tile, for a tile row; null for a job row"]
+    attempt_id: Annotated[str | None, "the attempt that caused it, if any"]
+    node: Annotated[str, "the process that wrote it (a worker's node, ``gateway:...``); may be ''"]
+    from_state: Annotated[str | None, "state before (null for the job's creation)"]
+    to_state: Annotated[str, "state after"]
+    detail: Annotated[str | None, "more about it, for humans"]
+    error_code: Annotated[str | None, "the error code, for a failure or a takeover"]
+    error: Annotated[str | None, "the error message, for humans"]
+
+
+@dataclass(frozen=True)
+class JobTimelineReply:
+    """``tessera.api.job.timeline``: a page of the job's audit trail, newest first."""
+
+    job_id: Annotated[str, "the job's id"]
+    events: Annotated[list[TimelineEvent], "the page, newest first"]
+    next_before_id: Annotated[
+        int | None, "``before_id`` of the next (older) page; null on the last page"
+    ]
+
+
+@dataclass(frozen=True)
+class JobPreviewReply:
+    """``tessera.api.job.preview``: the image so far as a PNG.
+
+    Assembled from the committed tiles and the latest checkpoint of each unfinished tile, each
+    tone-mapped as the finalizer does (the mean of its own samples), dark grey where nothing is
+    rendered yet, downscaled to fit ``max_edge`` (and smaller still if its PNG would not fit in
+    one reply). The gateway caches it per job and ``max_edge`` and encodes it again at most
+    once a second, only when ``version`` changed: ask as often as you like.
+    """
+
+    job_id: Annotated[str, "the job's id"]
+    width: Annotated[int, "the PNG's width, pixels"]
+    height: Annotated[int, "the PNG's height, pixels"]
+    tiles_done: Annotated[int, "tiles committed when it was encoded"]
+    tiles_total: Annotated[int, "tiles of the job (0 until planned)"]
+    samples_done: Annotated[int, "samples per pixel recorded, summed over tiles"]
+    samples_total: Annotated[int, "spp * tiles_total"]
+    content_type: Annotated[str, "``image/png``"]
+    data_b64: Annotated[str, "base64 of the PNG"]
+    version: Annotated[
+        str, "changes whenever what the image is made of changes (an ETag for the image)"
+    ]
+    max_edge: Annotated[int, "the ``max_edge`` asked for"]
+    encoded_at: Annotated[str, "when this PNG was encoded (timestamp)"]
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """One live worker in ``workers``, as it announces itself every 2 s."""
+
+    node: Annotated[str, "the worker's node name"]
+    threads: Annotated[int, "kernel threads"]
+    in_hand: Annotated[int, "tiles it holds now"]
+    renderers: Annotated[dict[str, str], "renderer name -> version, of the renderers it runs"]
+    version: Annotated[str, "Tessera's version on it"]
+    started_at: Annotated[str, "when it started (timestamp)"]
+    uptime_s: Annotated[float, "seconds since it started"]
+    current_tiles: Annotated[
+        list[list[str | int]], "``[job_id, tile_index]`` of each tile it holds"
+    ]
+
+
+@dataclass(frozen=True)
+class WorkersReply:
+    """``tessera.api.workers``: the live workers, by node (a worker that stopped refreshing
+    drops out within 10 s)."""
+
+    workers: Annotated[list[WorkerView], "the workers, by node"]
+    threads: Annotated[int, "their kernel threads, summed"]
+    at: Annotated[str, "when the bucket was read (timestamp)"]
+
+
+@dataclass(frozen=True)
+class FarmReply:
+    """``tessera.api.farm``: the farm's operational numbers.
+
+    Depths and ages are read from JetStream now; rates, counts and latencies from the audit
+    trail over the last ``window_s`` seconds (attempts that ended in the window). A ratio with
+    nothing to count is 0, a latency with nothing to measure null.
+    """
+
+    queue_depth: Annotated[
+        int,
+        "tiles waiting to render: messages the renderers' ``TILES`` consumers have not yet "
+        "delivered, plus queued tiles the dispatcher has not released yet",
+    ]
+    oldest_age_s: Annotated[
+        float, "seconds the oldest unacknowledged message of any durable consumer has waited"
+    ]
+    in_flight: Annotated[int, "tiles delivered and not yet acknowledged (``TILES`` ack pending)"]
+    retry_rate: Annotated[
+        float, "tile attempts ended ``retryable`` over tile attempts ended, in the window (0..1)"
+    ]
+    duplicates_suppressed: Annotated[
+        int,
+        "tile attempts whose commit the fence refused (``fenced``: another owner had committed "
+        "or held the tile), in the window",
+    ]
+    lease_renewal_failures: Annotated[
+        int, "tile and finalization attempts ended ``lease_lost``, in the window"
+    ]
+    resume_rate: Annotated[
+        float, "tile attempts ended in the window that resumed from a checkpoint (0..1)"
+    ]
+    latency_p50_s: Annotated[
+        float | None, "median seconds of a tile attempt, lease to commit (ended ``done``)"
+    ]
+    latency_p95_s: Annotated[float | None, "95th percentile of the same"]
+    latency_p99_s: Annotated[float | None, "99th percentile of the same"]
+    dlq_size: Annotated[int, "messages in the ``DLQ`` stream"]
+    finalization_failures: Annotated[
+        int, "finalization attempts ended otherwise than ``done``, in the window"
+    ]
+    window_s: Annotated[int, "the window, seconds"]
+    at: Annotated[str, "when the numbers were read (timestamp)"]
+
+
 VERB_REPLIES: dict[ApiVerb, type] = {
     ApiVerb.SUBMIT: SubmitReply,
     ApiVerb.STATUS: StatusReply,
@@ -392,11 +587,17 @@ VERB_REPLIES: dict[ApiVerb, type] = {
     ApiVerb.ASSET_MISSING: AssetMissingReply,
     ApiVerb.ASSET_CHUNK: AssetChunkReply,
     ApiVerb.ASSET_MANIFEST: AssetManifestReply,
+    ApiVerb.JOB_TILES: JobTilesReply,
+    ApiVerb.JOB_TIMELINE: JobTimelineReply,
+    ApiVerb.JOB_PREVIEW: JobPreviewReply,
+    ApiVerb.WORKERS: WorkersReply,
+    ApiVerb.FARM: FarmReply,
 }
 """The reply schema of every verb."""
 
 ITEM_SCHEMAS: tuple[type, ...] = (
-    JobSummary, DeadLetterView, DeadLetterDetail, RequeueView, ProjectView
+    JobSummary, DeadLetterView, DeadLetterDetail, RequeueView, ProjectView, TimelineEvent,
+    WorkerView,
 )  # fmt: skip
 """Schemas that appear inside replies (list items)."""
 
@@ -406,7 +607,8 @@ Reply = (
     SubmitReply | StatusReply | ListReply | CancelReply | RetryReply | ResultReply
     | DlqListReply | DlqShowReply | DlqRequeueReply | DlqPurgeReply | PriorityReply
     | PauseReply | ResumeReply | ProjectSetReply | ProjectListReply | ProjectShowReply
-    | AssetMissingReply | AssetChunkReply | AssetManifestReply
+    | AssetMissingReply | AssetChunkReply | AssetManifestReply | JobTilesReply
+    | JobTimelineReply | JobPreviewReply | WorkersReply | FarmReply
 )  # fmt: skip
 
 

@@ -34,6 +34,9 @@ Limits (``bad_request`` for a wrong shape or type, ``invalid`` for a value outsi
   (:data:`MAX_MISSING_QUERY`); a manifest at most 10,000 files (:data:`MAX_ASSET_FILES`) and
   2 MiB of canonical JSON (:data:`MAX_MANIFEST_BYTES`), its files at most the gateway's
   ``TESSERA_ASSET_MAX_BYTES`` in all
+- console verbs: ``job.timeline`` ``limit`` 1..1000 (default 200), ``before_id`` 1..2^63-1;
+  ``job.tiles`` ``offset`` 0..16,383; ``job.preview`` ``max_edge`` 16..2048 pixels (default
+  512); ``farm`` ``window`` 10..86,400 seconds (default 300)
 - every integer must be a finite whole number (``64.0`` is accepted as 64; booleans, ``1.5``,
   NaN and out-of-range values are not)
 """
@@ -71,6 +74,9 @@ MAX_LIST_LIMIT, DEFAULT_LIST_LIMIT = 1000, 100
 MAX_PRIORITY, DEFAULT_PRIORITY = 100, 50
 MAX_REQUEUE_LIMIT, MAX_REQUEUE_RATE, DEFAULT_REQUEUE_RATE = 10_000, 1000, 10
 MAX_SEQ = 2**63 - 1
+MAX_TIMELINE_LIMIT, DEFAULT_TIMELINE_LIMIT = 1000, 200
+MIN_PREVIEW_EDGE, MAX_PREVIEW_EDGE, DEFAULT_PREVIEW_EDGE = 16, 2048, 512
+MIN_FARM_WINDOW, MAX_FARM_WINDOW, DEFAULT_FARM_WINDOW = 10, 86_400, 300
 MAX_REPLY_BYTES = 512 * 1024
 MAX_VIEW_ERROR = 500
 MAX_RESULT_LENGTH = 2**31 - 1

@@ -127,6 +127,11 @@ class ApiVerb(StrEnum):
     ASSET_MISSING = "asset.missing"
     ASSET_CHUNK = "asset.chunk"
     ASSET_MANIFEST = "asset.manifest"
+    JOB_TILES = "job.tiles"
+    JOB_TIMELINE = "job.timeline"
+    JOB_PREVIEW = "job.preview"
+    WORKERS = "workers"
+    FARM = "farm"
 
 
 RENDERER_TESSERA = "tessera"
@@ -134,6 +139,10 @@ RENDERER_TESSERA = "tessera"
 
 RENDERERS = (RENDERER_TESSERA, "blender", "povray")
 """Every renderer Tessera knows (one TILES consumer each)."""
+
+DISPLAY_REFERRED_RENDERERS = frozenset({"povray"})
+"""Renderers whose accumulators hold display-referred values (POV-Ray's gamma-encoded 16-bit
+values): their images are not tone-mapped (:mod:`kernel.image`)."""
 
 
 def workers_consumer(renderer: str) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import builtins
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -280,6 +281,40 @@ class TesseraClient:
         """Delete one job's dead letters (or all of them); ``dry_run`` only counts."""
         body = {"job_id": job_id, "all": everything or None, "dry_run": dry_run}
         return await self.call(ApiVerb.DLQ_PURGE, body)
+
+    async def job_tiles(self, job_id: str, *, offset: int | None = None) -> dict[str, Any]:
+        """A job's tiles: rows of ``columns`` (``tiles``), ``next_offset`` if more remain."""
+        return await self.call(ApiVerb.JOB_TILES, {"job_id": job_id, "offset": offset})
+
+    async def all_tiles(self, job_id: str) -> builtins.list[dict[str, Any]]:
+        """Every tile of a job as a ``{column: value}`` dict, in index order (pages followed)."""
+        out: builtins.list[dict[str, Any]] = []
+        offset: int | None = None
+        while True:
+            reply = await self.job_tiles(job_id, offset=offset)
+            out += [dict(zip(reply["columns"], row, strict=True)) for row in reply["tiles"]]
+            offset = reply["next_offset"]
+            if offset is None:
+                return out
+
+    async def job_timeline(
+        self, job_id: str, *, limit: int | None = None, before_id: int | None = None
+    ) -> dict[str, Any]:
+        """A page of the job's audit trail, newest first: ``events``, ``next_before_id``."""
+        body = {"job_id": job_id, "limit": limit, "before_id": before_id}
+        return await self.call(ApiVerb.JOB_TIMELINE, body)
+
+    async def job_preview(self, job_id: str, *, max_edge: int | None = None) -> dict[str, Any]:
+        """The image so far: a PNG (``data_b64``) fitting ``max_edge``, and its ``version``."""
+        return await self.call(ApiVerb.JOB_PREVIEW, {"job_id": job_id, "max_edge": max_edge})
+
+    async def workers(self, *, renderer: str | None = None) -> dict[str, Any]:
+        """The live workers (node, threads, renderers, tiles in hand), by node."""
+        return await self.call(ApiVerb.WORKERS, {"renderer": renderer})
+
+    async def farm(self, *, window: int | None = None) -> dict[str, Any]:
+        """The farm's operational numbers over the last ``window`` seconds (default 300)."""
+        return await self.call(ApiVerb.FARM, {"window": window})
 
 
 def _verified(reply: dict[str, Any], data: bytes) -> bytes:

@@ -26,31 +26,27 @@ from proto import names as n
 from proto.messages import JobEvent, TileDone
 from services.finalizer.cache import ReadAhead, Result
 from shared.core import crash
-from shared.core.errors import DecodeError, NotFoundError, RetryableError, TerminalError
+from shared.core.errors import DecodeError, RetryableError, TerminalError
 from shared.core.lifecycle import IllegalTransition, JobState, JobTrigger
 from shared.core.tiles import Accumulator, assemble, fits, from_npy, load_npy
 from shared.metadata import Job, Tile
 from shared.nats.leases import LeaseOwner
-from shared.objectstore import CorruptObject, render_key, sha256_hex
+from shared.objectstore import render_key, sha256_hex
 from shared.service.announce import announce, fail_job
 from shared.service.heartbeat import Heartbeat
 from shared.service.logs import Log
 from shared.service.runtime import Runtime
 from shared.service.settle import ACK, DeadLetter, Delivery, Outcome, Retry, outcome_of, settle
+from shared.service.tileresults import ResultMissing, committed_result
 
 __all__ = ["Finalizer", "ImageCorrupt", "ResultLost"]
 
-_POVRAY = "povray"
 #: tile result objects read at once while assembling
 _READS_IN_FLIGHT = 16
 
 _SETTLED = frozenset(
     {JobState.COMPLETED, JobState.CANCELLED, JobState.FAILED_TERMINAL, JobState.DEAD_LETTERED}
 )
-
-
-class _Missing(Exception):
-    """Internal: one tile's committed result cannot be read intact."""
 
 
 class ResultLost(Exception):
@@ -251,8 +247,8 @@ class Finalizer:
 
         async def part(t: Tile, rect: Rect) -> None:
             try:
-                data = await self._result_bytes(t, inline, gate)
-            except _Missing as exc:
+                data = await committed_result(self.rt.store, t, inline, gate)
+            except ResultMissing as exc:
                 lost[t.tile_index] = str(exc)
                 return
             parts.append((rect, from_npy(data, rect)))
@@ -266,27 +262,6 @@ class Finalizer:
         sources.labels(source="store").inc(from_store)
         sources.labels(source="inline").inc(len(to_read) - from_store)
         return assemble(job.width, job.height, parts)
-
-    async def _result_bytes(
-        self, t: Tile, inline: dict[int, tuple[str, bytes]], gate: asyncio.Semaphore
-    ) -> bytes:
-        """The tile's committed result bytes, checked against its sha256, or :class:`_Missing`."""
-        if not t.result_sha256:
-            raise _Missing("done but records no result sha256")
-        if t.result_key:
-            try:
-                async with gate:
-                    return await self.rt.store.get(t.result_key, sha256=t.result_sha256)
-            except (CorruptObject, NotFoundError) as exc:
-                raise _Missing(f"{t.result_key}: {exc}") from exc
-        if t.tile_index not in inline:
-            raise _Missing("done but names no result")
-        sha, data = inline[t.tile_index]
-        if sha != t.result_sha256 or sha256_hex(data) != t.result_sha256:
-            raise _Missing(
-                f"its inline result does not match the recorded sha256 {t.result_sha256}"
-            )
-        return data
 
     async def _render_again(self, job: Job, attempt_id: str, lost: ResultLost, log: Log) -> None:
         """Send the tiles whose results are lost back to rendering; the job leaves finalizing.
@@ -314,7 +289,7 @@ def _images(job: Job, acc: Accumulator) -> tuple[bytes, Any, Callable[[Any], byt
     ``povray`` accumulates POV-Ray's own gamma-encoded 16-bit values: no tone curve, the PNG
     is 16-bit and equals ``povray +FN16``'s image pixel for pixel.
     """
-    if job.renderer == _POVRAY:
+    if job.renderer in n.DISPLAY_REFERRED_RENDERERS:
         flt, image16 = kernel.float_image_and_display16(acc, job.spp)
         return flt, image16, kernel.png16_of
     flt, image8 = kernel.float_image_and_tonemap(acc, job.spp)

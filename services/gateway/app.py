@@ -11,7 +11,8 @@ reconnect every request gets "no responders").
 
 Submits and the large asset verbs (``asset.chunk``, ``asset.manifest``) arrive on the service's
 connection, every other verb (status, list, cancel, retry, result, the dead-letter verbs,
-``asset.missing``) on a second connection of the gateway's own, same servers and user:
+``asset.missing``, the console's) on a second connection of the gateway's own, same servers and
+user:
 nats-server writes each connection's messages in order, so on one connection a status waited
 behind every byte of a burst of large submits sent before it (measured: up to 0.6 s).
 A request is answered on the connection it arrived on. On stop the subscriptions go first, then
@@ -35,6 +36,7 @@ from proto.limits import MAX_REPLY_BYTES
 from proto.names import ApiVerb
 from proto.replies import ErrorCode, error_reply, reply_for_exception
 from services.gateway.assets import AssetHandlers
+from services.gateway.console import ConsoleHandlers
 from services.gateway.control import ControlHandlers
 from services.gateway.dlq import DlqHandlers
 from services.gateway.handlers import Handlers
@@ -84,6 +86,7 @@ class Gateway:
         ttl = rt.settings.gateway.result_url_ttl
         self.results = ResultHandlers(rt.db, rt.store, reply_budget=budget, url_ttl=ttl)
         self.control = ControlHandlers(rt)
+        self.console = ConsoleHandlers(rt, reply_budget=budget)
         self.assets = AssetHandlers(
             rt.store,
             rt.log,
@@ -99,7 +102,7 @@ class Gateway:
         self.small_nc: NATS | None = None
 
     def _verbs(self) -> dict[ApiVerb, Handler]:
-        h, d, c = self.handlers, self.dlq, self.control
+        h, d, c, v = self.handlers, self.dlq, self.control, self.console
         return {
             ApiVerb.SUBMIT: h.submit,
             ApiVerb.STATUS: h.status,
@@ -120,6 +123,11 @@ class Gateway:
             ApiVerb.ASSET_MISSING: self.assets.missing,
             ApiVerb.ASSET_CHUNK: self.assets.chunk,
             ApiVerb.ASSET_MANIFEST: self.assets.manifest,
+            ApiVerb.JOB_TILES: v.job_tiles,
+            ApiVerb.JOB_TIMELINE: v.job_timeline,
+            ApiVerb.JOB_PREVIEW: v.job_preview,
+            ApiVerb.WORKERS: v.workers,
+            ApiVerb.FARM: v.farm,
         }
 
     async def start(self) -> None:

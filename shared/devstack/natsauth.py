@@ -11,7 +11,9 @@ user           may
 gateway        serve ``tessera.api.>`` in its queue group and reply (``allow_responses``);
                publish JOBS messages and job-cancelled/-retried/-paused/-resumed events; read
                and purge DLQ, publish requeued TILES messages and delete requeued letters; read
-               live workers (``status`` says when none runs a renderer)
+               live workers (``status`` says when none runs a renderer; ``workers``), progress
+               pointers (``job.preview``) and the oldest pending message of each consumed
+               stream (``farm``)
 scheduler      consume JOBS and ADVISORIES; publish TILES, DLQ copies, job-dead-lettered and
                job-failed (deadlines);
                read/delete messages of JOBS/TILES (exhausted deliveries, sweeper); read leases
@@ -62,6 +64,8 @@ __all__ = [
 ]
 
 SERVICE_ROLES = ("gateway", "scheduler", "worker", "finalizer")
+#: streams with a durable consumer, whose oldest pending message ``farm`` reads
+_STATS_STREAMS = (n.STREAM_JOBS, n.STREAM_TILES, n.STREAM_EVENTS, n.STREAM_ADVISORIES)
 ROLES = (*SERVICE_ROLES, "client")
 INBOX = "_INBOX.>"
 API = "$JS.API"
@@ -141,7 +145,10 @@ def permissions(
             ev(n.EventKind.JOB_PAUSED),
             ev(n.EventKind.JOB_RESUMED),
             f"{API}.STREAM.MSG.GET.{s(n.STREAM_DLQ)}",
-            f"{API}.STREAM.MSG.GET.KV_{workers}",  # status: which renderers live workers run
+            f"{API}.STREAM.MSG.GET.KV_{workers}",  # status, workers: the live workers
+            # farm: the oldest pending message of each consumer (shared.nats.streams)
+            *(f"{API}.STREAM.MSG.GET.{s(b)}" for b in _STATS_STREAMS),
+            f"{API}.STREAM.MSG.GET.KV_{progress}",  # job.preview: the tiles' checkpoints
             # dlq requeue: a requeued tile's TILES message, then the letter deleted
             nm.tiles_subjects,
             f"{API}.STREAM.MSG.DELETE.{s(n.STREAM_DLQ)}",

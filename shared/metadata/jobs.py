@@ -111,6 +111,12 @@ _LIST_COLUMNS = ", ".join(
 )
 
 
+async def fetch_job_light(conn: Conn, job_id: str) -> Job | None:
+    """The job with an empty ``scene`` (read often, by the console), or ``None``."""
+    row = await conn.fetchrow(f"SELECT {_LIST_COLUMNS} FROM jobs WHERE job_id = $1", job_id)
+    return None if row is None else Job.from_record(row)
+
+
 async def list_jobs(
     conn: Conn, *, state: JobState | None, limit: int, before: str | None
 ) -> list[Job]:

@@ -11,6 +11,7 @@ from shared.core.lifecycle import JobState, JobTrigger, TileState, TileTrigger, 
 from shared.metadata import audit, control, dispatch, fastpath, fencing, jobs, projects, tiles
 from shared.metadata.audit import Conn, Who
 from shared.metadata.base import StoreBase
+from shared.metadata.console import ConsoleStore
 from shared.metadata.models import (
     Attempt,
     AttemptOutcome,
@@ -46,12 +47,14 @@ class MetadataStore(StoreBase):
     only through :mod:`shared.core.lifecycle`: an illegal move raises
     :class:`~shared.core.lifecycle.IllegalTransition` and changes nothing. The operator queries and
     the one-tile requeue are :attr:`ops` (an :class:`~shared.metadata.ops.OpsStore` on the
-    same pool).
+    same pool), the web console's reads :attr:`console` (a
+    :class:`~shared.metadata.console.ConsoleStore`).
     """
 
     def __init__(self, pool: asyncpg.Pool[Record], *, acquire_timeout: float) -> None:
         super().__init__(pool, acquire_timeout=acquire_timeout)
         self.ops = OpsStore(self)
+        self.console = ConsoleStore(self)
 
     # ---- jobs -----------------------------------------------------------------------------
 

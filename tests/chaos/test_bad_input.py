@@ -69,6 +69,11 @@ VALID: dict[ApiVerb, dict[str, Any]] = {
         },
         "renderer": "povray",
     },
+    ApiVerb.JOB_TILES: {"job_id": "01a2b3c4-0000-7000-8000-000000000000", "offset": 0},
+    ApiVerb.JOB_TIMELINE: {"job_id": "01a2b3c4-0000-7000-8000-000000000000", "limit": 5},
+    ApiVerb.JOB_PREVIEW: {"job_id": "01a2b3c4-0000-7000-8000-000000000000", "max_edge": 64},
+    ApiVerb.WORKERS: {"renderer": "tessera"},
+    ApiVerb.FARM: {"window": 60},
 }
 
 nasty_scalars = st.one_of(

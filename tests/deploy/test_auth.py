@@ -36,6 +36,24 @@ async def test_a_job_completes_with_every_service_under_its_own_user(
     assert not [name for name, text in logs.items() if VIOLATION in text], auth_services.logs()
 
 
+async def test_the_gateway_serves_the_console_verbs_under_its_own_user(
+    auth_services: ServiceProcesses, auth_client: TesseraClient
+) -> None:
+    scheduler = auth_services.start("scheduler")  # declares the topology, then goes away
+    auth_services.wait_started(scheduler)
+    scheduler.stop()
+    auth_services.wait_started(auth_services.start("gateway"))
+    job_id = (await submit(auth_client, request()))["job_id"]  # its JOBS message stays pending
+    farm = await auth_client.farm()  # reads the pending message's age: a leader read of JOBS
+    assert farm["oldest_age_s"] >= 0 and farm["dlq_size"] == 0
+    assert (await auth_client.workers())["workers"] == []
+    assert (await auth_client.job_timeline(job_id))["events"]
+    assert (await auth_client.job_tiles(job_id))["tiles"] == []
+    assert (await auth_client.job_preview(job_id, max_edge=16))["tiles_total"] == 0
+    log = auth_services.procs["gateway"].log_path.read_text()
+    assert VIOLATION not in log, auth_services.logs()
+
+
 def _violations(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if VIOLATION in r.getMessage()]
 

@@ -17,10 +17,11 @@ from nats.aio.client import Client as NATS
 
 from proto.api import SubmitRequest
 from proto.api_replies import VERB_REPLIES, field_docs, reply_fields
-from proto.names import ApiVerb, Names, new_job_id
+from proto.names import BUCKET_WORKERS, ApiVerb, Names, new_job_id
 from services.client.api import TesseraClient
 from services.gateway.app import Gateway
 from shared.core.lifecycle import JobTrigger
+from shared.nats.presence import LiveWorkers, WorkerInfo
 from shared.service.runtime import Runtime
 from tests.gateway.conftest import body
 from tests.gateway.results import completed_job
@@ -59,6 +60,8 @@ async def test_every_verb_s_reply_has_exactly_its_schema_s_fields(
     letter_job = new_job_id()
     await _dead_letter(runtime, letter_job, 0, source_seq=1)
     await runtime.js.publish(runtime.names.dlq_subject(letter_job, "job"), b"not msgpack")
+    workers = LiveWorkers(runtime.js, runtime.names.bucket(BUCKET_WORKERS))
+    await workers.put(WorkerInfo("w1", 2, 1, {"tessera": "1"}, "0.9", 1.0, [[job_id, 0]]))
     scene = b"sphere { 0, 1 }"
     digest = hashlib.sha256(scene).hexdigest()
     file = {"path": "a.pov", "size": len(scene), "sha256": digest, "chunks": [digest]}
@@ -83,6 +86,11 @@ async def test_every_verb_s_reply_has_exactly_its_schema_s_fields(
         ApiVerb.ASSET_MISSING: {"chunks": [digest]},
         ApiVerb.ASSET_CHUNK: {"sha256": digest, "data": scene},
         ApiVerb.ASSET_MANIFEST: {"manifest": manifest, "renderer": "povray"},
+        ApiVerb.JOB_TILES: {"job_id": job_id},
+        ApiVerb.JOB_TIMELINE: {"job_id": job_id},
+        ApiVerb.JOB_PREVIEW: {"job_id": job_id, "max_edge": 32},
+        ApiVerb.WORKERS: {},  # one live worker
+        ApiVerb.FARM: {"window": 60},
     }
     assert set(bodies) == set(ApiVerb)
     for verb, request in bodies.items():

@@ -85,3 +85,12 @@ def test_float_image_and_tonemap_give_the_same_bytes_as_the_two_encoders() -> No
     np.testing.assert_array_equal(image, _tonemap_by_the_formula(acc, 8))
     assert kernel.png_of(image) == kernel.encode_png(acc, 8)
     np.testing.assert_array_equal(acc, before)
+
+
+def test_display8_is_the_tone_map_or_the_top_byte_of_the_display_image() -> None:
+    rng = np.random.default_rng(7)
+    acc = rng.uniform(0.0, 3.0, (5, 7, 3)) * 4
+    assert (kernel.display8(acc, 4) == kernel.tonemap(acc, 4)).all()
+    _, image16 = kernel.float_image_and_display16(acc / 3.0, 4)
+    shown = kernel.display8(acc / 3.0, 4, display_referred=True)
+    assert shown.dtype == np.uint8 and (shown == image16 >> 8).all()
