@@ -138,8 +138,16 @@ def auto_tile_edge(
     while tile_count(width, height, edge) > MAX_TILES:
         edge += step
     columns, rows = -(-width // edge), -(-height // edge)
-    even = max(-(-(-(-width // columns)) // step), -(-(-(-height // rows)) // step)) * step
+    even = max(_round_up(_ceil_div(width, columns), step), _round_up(_ceil_div(height, rows), step))
     return max(even, lo) if tile_count(width, height, max(even, lo)) <= MAX_TILES else edge
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _round_up(value: int, step: int) -> int:
+    return _ceil_div(value, step) * step
 
 
 def frame_range(first: int, last: int) -> range:

@@ -35,7 +35,7 @@ def test_a_tile_takes_about_the_target_time_at_the_measured_cost() -> None:
 
 
 def test_every_thread_gets_a_tile_and_the_bounds_hold() -> None:
-    cheap = dict(seconds_per_sample=1e-9, target_seconds=2.0)
+    cheap: dict[str, Any] = {"seconds_per_sample": 1e-9, "target_seconds": 2.0}
     # alone it would be one 512-px tile; 16 threads need 16 tiles of the 512x512 image
     assert auto_tile_edge(512, 512, 64, threads=1, **cheap) == 512
     edge = auto_tile_edge(512, 512, 64, threads=16, **cheap)

@@ -4,6 +4,8 @@ redelivered plan keeps the edge it chose."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncpg
 
 from proto.limits import auto_tile_edge, tile_count
@@ -17,7 +19,7 @@ from tests.metadata.conftest import make_new_job
 SIDE, SPP = 512, 64
 
 
-async def _auto_job(rt: Runtime, key: str = "scene-k", **over: object) -> Job:
+async def _auto_job(rt: Runtime, key: str = "scene-k", **over: Any) -> Job:
     new = make_new_job(width=SIDE, height=SIDE, spp=SPP, tile_size=0, tile_auto=True,
                        cost_key=key, **over)  # fmt: skip
     return (await rt.db.submit_job(new)).job
@@ -75,8 +77,8 @@ async def test_unmeasured_auto_jobs_take_the_default_cost_and_every_thread_gets_
 async def test_the_measured_cost_of_the_scene_sizes_the_next_job_and_a_replan_keeps_its_edge(
     runtime: Runtime, database_url: str
 ) -> None:
-    first = (await runtime.db.submit_job(make_new_job(width=SIDE, height=SIDE, spp=SPP,
-                                                      tile_size=64, cost_key="scene-k"))).job  # fmt: skip
+    new = make_new_job(width=SIDE, height=SIDE, spp=SPP, tile_size=64, cost_key="scene-k")
+    first = (await runtime.db.submit_job(new)).job
     first = await _planned(runtime, first)
     # 4e-6 s per pixel-sample: a 64x64 tile of 64 spp took 1.048576 s
     await _render_all(runtime, first, database_url, 4e-6 * 64 * 64 * SPP)
