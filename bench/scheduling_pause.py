@@ -45,7 +45,7 @@ async def measure_pause(env: Mapping[str, str], *, rounds: int, in_flight: int) 
         req = SubmitRequest(project="bench", scene="cornell", width=64, height=64, spp=60000,
                             tile_size=16)  # fmt: skip
         job_id = (await client.submit(req))["job_id"]
-        tiles = (req.width // req.tile_size) * (req.height // req.tile_size)
+        tiles = (req.width // 16) * (req.height // 16)
         keys = [n.lease_key_tile(job_id, i) for i in range(tiles)]
         seconds = []
         for _ in range(rounds):

@@ -12,7 +12,8 @@ type is ``bad_request`` (:class:`DecodeError`), a value outside a limit is ``inv
 subject                   schema              fields (defaults)
 ========================  ==================  ==============================================
 ``tessera.api.submit``    SubmitRequest       project, scene, width, height, spp, frame (0),
-                                              tile_size (64), max_depth (64), seed (0),
+                                              tile_size (64, or auto), max_depth (64),
+                                              seed (0),
                                               idempotency_key (derived), renderer (tessera),
                                               priority (50), deadline (none)
 ``.status/.cancel/.retry``  JobRequest        job_id
@@ -86,7 +87,9 @@ from proto.limits import (
     MIN_PREVIEW_EDGE,
     MIN_TILE_SIZE,
     PROJECT_RE,
+    TILE_AUTO,
     Scene,
+    TileSize,
     check_scene,
     tile_count,
 )
@@ -150,9 +153,11 @@ class SubmitRequest:
     height: Annotated[int, "image height, pixels (1..8192)"]
     spp: Annotated[int, "samples per pixel (1..65536)"]
     frame: Annotated[int, "frame number (0..1,000,000)"] = 0
-    tile_size: Annotated[int, "tile edge, pixels (8..1024; at most 16,384 tiles)"] = (
-        DEFAULT_TILE_SIZE
-    )
+    tile_size: Annotated[
+        TileSize,
+        'tile edge, pixels (8..1024; at most 16,384 tiles), or "auto": the scheduler picks it '
+        "so that a tile takes about TESSERA_TILE_SECONDS on one core (status shows the edge)",
+    ] = DEFAULT_TILE_SIZE
     max_depth: Annotated[int, "bounces per path (1..64)"] = DEFAULT_BOUNCES
     seed: Annotated[int, "noise seed (0..2^32-1)"] = 0
     idempotency_key: Annotated[
@@ -186,8 +191,9 @@ class SubmitRequest:
         for name, hi in (("width", MAX_DIMENSION), ("height", MAX_DIMENSION), ("spp", MAX_SPP)):
             check_range(name, getattr(self, name), 1, hi)
         check_range("frame", self.frame, 0, MAX_FRAME)
-        check_range("tile_size", self.tile_size, MIN_TILE_SIZE, MAX_TILE_SIZE)
-        check_range("tiles", tile_count(self.width, self.height, self.tile_size), 1, MAX_TILES)
+        if self.tile_size != TILE_AUTO:
+            edge = check_range("tile_size", self.tile_size, MIN_TILE_SIZE, MAX_TILE_SIZE)
+            check_range("tiles", tile_count(self.width, self.height, edge), 1, MAX_TILES)
         check_range("max_depth", self.max_depth, 1, MAX_BOUNCES)
         check_range("seed", self.seed, 0, MAX_SEED)
         if self.idempotency_key is not None:
@@ -204,8 +210,9 @@ class SubmitRequest:
     def from_body(cls, body: Body) -> Self:
         """Read and validate a parsed body."""
         ints = {n: body.integer(n) for n in ("width", "height", "spp")}
-        defaults = {"frame": 0, "tile_size": DEFAULT_TILE_SIZE, "max_depth": DEFAULT_BOUNCES}
-        ints |= {n: body.integer(n, d) for n, d in (defaults | {"seed": 0}).items()}
+        defaults = {"frame": 0, "max_depth": DEFAULT_BOUNCES, "seed": 0}
+        ints |= {n: body.integer(n, d) for n, d in defaults.items()}
+        tile = body.integer_or("tile_size", TILE_AUTO, DEFAULT_TILE_SIZE)
         project, scene = body.string("project"), body.raw("scene")
         key = body.string("idempotency_key", None)
         renderer = body.string("renderer", RENDERER_TESSERA)
@@ -213,7 +220,8 @@ class SubmitRequest:
         deadline = body.string("deadline", None)
         body.done()
         return cls(project=project, scene=scene, idempotency_key=key, renderer=renderer,
-                   deadline=deadline, **ints)  # fmt: skip
+                   deadline=deadline, tile_size=TILE_AUTO if tile == TILE_AUTO else int(tile),
+                   **ints)  # fmt: skip
 
     def to_body(self) -> dict[str, Any]:
         """The JSON object a client sends (``renderer`` only if not ``tessera``, so a derived

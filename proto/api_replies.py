@@ -18,7 +18,7 @@ subject                   schema              fields
 ``tessera.api.submit``    SubmitReply         job_id, created, duplicate, state,
                                               idempotency_key, input_hash
 ``tessera.api.status``    StatusReply         (JobSummary's), idempotency_key, input_hash,
-                                              tile_size, tiles_total, tiles_done,
+                                              tile_size, tile_auto, tiles_total, tiles_done,
                                               tiles_by_state, samples_total, samples_done,
                                               cancel_requested, result_location,
                                               result_sha256, float_location, last_error_code,
@@ -143,7 +143,11 @@ class StatusReply(JobSummary):
 
     idempotency_key: Annotated[str, "the job's idempotency key"]
     input_hash: Annotated[str, "sha256 (hex) of everything that determines the image"]
-    tile_size: Annotated[int, "tile edge, pixels"]
+    tile_size: Annotated[
+        int,
+        "tile edge, pixels (a tile_size auto job: the edge the scheduler picked; 0 until planned)",
+    ]
+    tile_auto: Annotated[bool, "the scheduler picked the edge (tile_size auto at submit)"]
     tiles_total: Annotated[int, "tiles of the job (0 until planned)"]
     tiles_done: Annotated[int, "tiles whose result is committed"]
     tiles_by_state: Annotated[dict[str, int], "tile state -> count, states with no tile left out"]

@@ -58,6 +58,15 @@ class Body:
             raise DecodeError(f"{name}: expected a string, got {type(value).__name__}")
         return value
 
+    def integer_or(self, name: str, word: str, default: int) -> int | str:
+        """An integer, the string ``word``, or ``default``."""
+        value = self._get(name, default)
+        if value == word:
+            return word
+        if isinstance(value, str):
+            raise DecodeError(f"{name}: expected an integer or {word!r}, got {value!r:.40}")
+        return value if value is default else as_int(name, value)
+
     def boolean(self, name: str, default: bool) -> bool:
         """A JSON boolean (``0``/``1`` are not booleans), or ``default``."""
         value = self._get(name, default)

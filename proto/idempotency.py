@@ -41,6 +41,20 @@ def _settings(request: SubmitRequest) -> dict[str, Any]:
     return {name: getattr(request, name) for name in names}
 
 
+def cost_key(request: SubmitRequest) -> str:
+    """What a pixel-sample of this request costs depends on: renderer, scene and bounces. The
+    scheduler sizes ``tile_size: "auto"`` tiles from the finished tiles of earlier jobs with the
+    same key (the image size, spp, frame and seed change how many samples, not their cost)."""
+    return canonical_hash(
+        {
+            "kind": "tessera.cost",
+            "renderer": request.renderer,
+            "scene": scene_hash(request.scene),
+            "max_depth": request.max_depth,
+        }
+    )
+
+
 def derived_idempotency_key(request: SubmitRequest) -> str:
     """The key Tessera derives from the request's logical identity."""
     identity = {

@@ -15,7 +15,8 @@ Limits (``bad_request`` for a wrong shape or type, ``invalid`` for a value outsi
 - ``frame``: 0..1,000,000 (default 0); a client expanding a frame range sends one request per
   frame, at most 1,000 frames (:func:`frame_range`)
 - ``width``, ``height``: 1..8192 pixels; ``spp`` (samples per pixel): 1..65536
-- ``tile_size``: 8..1024 (default 64), and at most 16,384 tiles per job
+- ``tile_size``: 8..1024 (default 64), and at most 16,384 tiles per job; or ``"auto"``: the
+  scheduler picks the edge when it plans the job (:func:`shared.core.tiles.auto_tile_edge`)
 - ``max_depth`` (bounces): 1..64 (default 64, as the kernel: Russian roulette ends most paths
   far sooner); ``seed``: 0..2^32-1 (default 0)
 - ``idempotency_key``: 1..128 characters ``[A-Za-z0-9._:-]``
@@ -43,8 +44,9 @@ Limits (``bad_request`` for a wrong shape or type, ``invalid`` for a value outsi
 
 from __future__ import annotations
 
+import math
 import re
-from typing import Any
+from typing import Any, Final, Literal
 
 from proto.canonical import canonical_json
 from proto.fields import check_range, check_str, json_depth
@@ -64,6 +66,8 @@ MAX_SCENE_DEPTH = 32
 MAX_DIMENSION = 8192
 MAX_SPP = 65536
 MIN_TILE_SIZE, MAX_TILE_SIZE, DEFAULT_TILE_SIZE = 8, 1024, 64
+TILE_AUTO: Final = "auto"
+"""``tile_size`` of a job whose edge the scheduler picks when it plans it."""
 MAX_TILES = 16384
 MAX_FRAME = 1_000_000
 MAX_FRAME_RANGE = 1000
@@ -96,10 +100,60 @@ CURSOR_RE = re.compile(r"[!-~]+")
 Scene = str | dict[str, Any]
 """A builtin scene name or an inline scene document."""
 
+TileSize = int | Literal["auto"]
+"""A tile edge in pixels, or :data:`TILE_AUTO`."""
+
 
 def tile_count(width: int, height: int, tile_size: int) -> int:
     """Number of tiles of a ``width`` x ``height`` image cut into ``tile_size`` squares."""
     return -(-width // tile_size) * -(-height // tile_size)
+
+
+AUTO_TILE_MIN, AUTO_TILE_MAX, AUTO_TILE_STEP = 16, 512, 8
+"""The edges ``tile_size: "auto"`` picks from: multiples of the step within the bounds."""
+
+
+def auto_tile_edge(
+    width: int,
+    height: int,
+    spp: int,
+    *,
+    seconds_per_sample: float,
+    target_seconds: float,
+    threads: int,
+    step: int = AUTO_TILE_STEP,
+) -> int:
+    """The tile edge of ``tile_size: "auto"``.
+
+    A tile of ``edge``² pixels at ``spp`` samples takes about ``target_seconds`` on one core
+    when a pixel-sample costs ``seconds_per_sample``: that edge, rounded to a multiple of
+    ``step``, within :data:`AUTO_TILE_MIN`..:data:`AUTO_TILE_MAX` and no larger than the image.
+    Then it shrinks (not below the minimum) until the image has at least ``threads`` tiles, so
+    every kernel thread of the farm has one, and grows until it has at most :data:`MAX_TILES`.
+    Last, the same grid is evened out: the smallest edge (a multiple of ``step``) that still
+    covers the image in as many columns and rows, so the last ones are not slivers.
+    """
+    if min(width, height, spp, threads, step) < 1 or not seconds_per_sample > 0:
+        raise ValueError(f"auto tile of {width}x{height} at {spp} spp, {seconds_per_sample} s")
+    lo = -(-AUTO_TILE_MIN // step) * step
+    ideal = math.sqrt(max(target_seconds, 0.0) / (seconds_per_sample * spp))
+    image = -(-max(width, height) // step) * step
+    edge = min(max(round(ideal / step) * step, lo), AUTO_TILE_MAX, max(image, lo))
+    while edge - step >= lo and tile_count(width, height, edge) < threads:
+        edge -= step
+    while tile_count(width, height, edge) > MAX_TILES:
+        edge += step
+    columns, rows = -(-width // edge), -(-height // edge)
+    even = max(_round_up(_ceil_div(width, columns), step), _round_up(_ceil_div(height, rows), step))
+    return max(even, lo) if tile_count(width, height, max(even, lo)) <= MAX_TILES else edge
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _round_up(value: int, step: int) -> int:
+    return _ceil_div(value, step) * step
 
 
 def frame_range(first: int, last: int) -> range:

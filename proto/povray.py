@@ -17,9 +17,13 @@ from collections.abc import Sequence
 
 from shared.core.errors import ValidationError
 
-__all__ = ["MAX_OPTIONS", "check_povray_options", "check_povray_source"]
+__all__ = ["BLOCK", "MAX_OPTIONS", "check_povray_options", "check_povray_source"]
 
 MAX_OPTIONS = 32
+#: POV-Ray's render block (``Render_Block_Size``, 32 by default): anti-aliasing works block by
+#: block, and a region's blocks start at the region's corner, so a tile is rendered as the whole
+#: blocks of the full frame's grid that cover it, then cropped (auto tile edges are multiples)
+BLOCK = 32
 """POV-Ray options one job may carry."""
 _ALLOWED = [
     (re.compile(r"[+-]A(\d*\.?\d+)?", re.I), "anti-aliasing on/off and threshold"),

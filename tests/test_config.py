@@ -88,6 +88,9 @@ def test_to_env_round_trips() -> None:
         ({"TESSERA_METRICS_HOST": "http://host"}, "TESSERA_METRICS_HOST"),
         ({"TESSERA_METRICS_HOST": "-bad.example"}, "TESSERA_METRICS_HOST"),
         ({"TESSERA_METRICS_HOST": "a..b"}, "TESSERA_METRICS_HOST"),
+        ({"TESSERA_DEFAULT_TILE": "big"}, "TESSERA_DEFAULT_TILE"),
+        ({"TESSERA_DEFAULT_TILE": "4"}, "TESSERA_DEFAULT_TILE"),
+        ({"TESSERA_TILE_SECONDS": "0"}, "TESSERA_TILE_SECONDS"),
     ],
 )
 def test_bad_values_name_the_variable(changes: dict[str, str], variable: str) -> None:
@@ -116,6 +119,7 @@ def _other_value(f: dataclasses.Field[Any]) -> str:
     strings = {"namespace": "t1", "metrics_host": "127.0.0.1", "log_level": "DEBUG",
                "renderers": "tessera"}  # fmt: skip
     strings["asset_cache_dir"] = "/var/cache/tessera/assets"
+    strings["default_tile"] = "64"
     default: Any = f.default
     if f.type == "int":
         return str(default + 1)

@@ -290,6 +290,7 @@ async def _demo_job(
 ) -> tuple[bytes, str] | None:
     from dataclasses import replace
 
+    from proto.limits import tile_count
     from proto.names import Names
     from services.client.api import TesseraClient
     from services.client.assets import upload_scene
@@ -314,7 +315,12 @@ async def _demo_job(
             what = f"{renderer} {main}"
         reply = await client.submit(request)
         job_id = reply["job_id"]
-        tiles = -(-request.width // request.tile_size) * -(-request.height // request.tile_size)
+        edge = request.tile_size
+        tiles = (
+            "auto-sized"
+            if isinstance(edge, str)
+            else tile_count(request.width, request.height, edge)
+        )
         print(f"tessera demo: submitted job {job_id} ({what} {request.width}x{request.height}, "
               f"{request.spp} spp, {tiles} tiles)")  # fmt: skip
         if await watch_jobs(client, [job_id], interval=0.5) != 0:

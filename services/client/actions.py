@@ -21,10 +21,10 @@ import orjson
 from kernel.loader import read_scene_file
 from kernel.scene import SceneError
 from proto.api import SubmitRequest
-from proto.limits import Scene, frame_range
+from proto.limits import Scene, TileSize, frame_range
 from proto.names import RENDERER_TESSERA
 from proto.povray import check_povray_options
-from services.client import output
+from services.client import argtypes, output
 from services.client.assets import blend_info, upload_scene
 from services.client.session import EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, CommandFailed, Session
 from services.client.watch import watch_jobs
@@ -93,7 +93,7 @@ def parse_frames(frame: int | None, frames: str | None) -> range:
 
 
 def submit_requests(
-    args: argparse.Namespace, scene: Scene, tile: int, renderer: str = RENDERER_TESSERA
+    args: argparse.Namespace, scene: Scene, tile: TileSize, renderer: str = RENDERER_TESSERA
 ) -> list[SubmitRequest]:
     """One request per frame; a client key becomes ``KEY:FRAME`` when several frames go.
 
@@ -183,7 +183,7 @@ def reference_options(args: argparse.Namespace, renderer: str) -> dict[str, Any]
 
 
 async def _asset_scene(
-    session: Session, args: argparse.Namespace, renderer: str, tile: int
+    session: Session, args: argparse.Namespace, renderer: str, tile: TileSize
 ) -> Scene:
     """Upload the scene file as an asset; the reference a job of ``renderer`` names.
 
@@ -206,7 +206,7 @@ async def submit(session: Session, args: argparse.Namespace) -> int:
     everything it needs (:func:`services.client.assets.upload_scene`: only the chunks the store
     lacks), then each job names it by reference.
     """
-    tile = args.tile or session.settings.client.default_tile
+    tile: TileSize = args.tile or argtypes.tile_size(session.settings.client.default_tile)
     renderer = pick_renderer(args)
     if renderer == RENDERER_TESSERA:
         if getattr(args, "povray_option", None) or getattr(args, "samples_per_pass", None):

@@ -7,6 +7,8 @@ import math
 import re
 from datetime import UTC, datetime, timedelta
 
+from proto.limits import MAX_TILE_SIZE, MIN_TILE_SIZE, TILE_AUTO, TileSize
+
 __all__ = [
     "deadline",
     "max_in_flight",
@@ -14,6 +16,7 @@ __all__ = [
     "positive_float",
     "positive_int",
     "priority",
+    "tile_size",
     "weight",
 ]
 
@@ -87,6 +90,18 @@ def priority(raw: str) -> int:
         raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from None
     if not 0 <= value <= 100:
         raise argparse.ArgumentTypeError(f"{raw!r}: a priority is between 0 and 100")
+    return value
+
+
+def tile_size(raw: str) -> TileSize:
+    """``auto`` (the scheduler picks the edge) or a tile edge in pixels, 8..1024."""
+    if raw.strip().lower() == TILE_AUTO:
+        return TILE_AUTO
+    value = positive_int(raw)
+    if not MIN_TILE_SIZE <= value <= MAX_TILE_SIZE:
+        raise argparse.ArgumentTypeError(
+            f"{raw!r}: a tile edge is {MIN_TILE_SIZE}..{MAX_TILE_SIZE} pixels (or auto)"
+        )
     return value
 
 

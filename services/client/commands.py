@@ -103,7 +103,12 @@ def _add_submit(sub: Sub) -> None:
                    help="samples per pixel (default 16; a .blend: its cycles.samples; a .pov: 1, "
                    "POV-Ray renders each tile once)")  # fmt: skip
     p.add_argument(
-        "--tile", type=int, default=None, help="tile edge (default TESSERA_DEFAULT_TILE)"
+        "--tile",
+        type=argtypes.tile_size,
+        default=None,
+        metavar="auto|N",
+        help="tile edge in pixels (8..1024), or auto: the scheduler picks it so that a tile "
+        "takes about TESSERA_TILE_SECONDS on one core (default TESSERA_DEFAULT_TILE, auto)",
     )
     p.add_argument(
         "--povray-option",

@@ -26,13 +26,20 @@ def percent(done: int, total: int) -> str:
     return f"{done}/{total} ({share:.0f}%)"
 
 
+def tile_text(s: dict[str, Any]) -> str:
+    """The tile edge of a status: ``64``, ``184 (auto)``, or ``auto (not planned yet)``."""
+    if not s.get("tile_auto"):
+        return str(s["tile_size"])
+    return f"{s['tile_size']} (auto)" if s["tile_size"] else "auto (not planned yet)"
+
+
 def status_text(s: dict[str, Any]) -> str:
     """A status reply as aligned ``name  value`` lines."""
     rows = [
         ("job", s["job_id"]),
         ("state", f"{s['state']} (generation {s['generation']})"),
         ("project", f"{s['project']}, frame {s['frame']}"),
-        ("image", f"{s['width']}x{s['height']}, {s['spp']} spp, tiles of {s['tile_size']}"),
+        ("image", f"{s['width']}x{s['height']}, {s['spp']} spp, tiles of {tile_text(s)}"),
         ("tiles", percent(s["tiles_done"], s["tiles_total"])),
         ("samples", percent(s["samples_done"], s["samples_total"])),
     ]

@@ -25,10 +25,12 @@ from proto.api import JobRequest, ListRequest, SubmitRequest, decode_request
 from proto.api_replies import CancelReply, ListReply, RetryReply, StatusReply, SubmitReply
 from proto.idempotency import (
     SCHEDULING_FIELDS,
+    cost_key,
     idempotency_key,
     request_fingerprint,
     scene_hash,
 )
+from proto.limits import TILE_AUTO
 from proto.messages import JobEvent, JobMessage
 from proto.names import (
     BUCKET_WORKERS,
@@ -62,6 +64,7 @@ def new_job_for(request: SubmitRequest, scene: dict[str, Any], input_hash: str) 
     for field in ("idempotency_key", *SCHEDULING_FIELDS):
         body.pop(field, None)
     body["scene"] = scene_hash(request.scene)
+    auto = request.tile_size == TILE_AUTO
     return NewJob(
         job_id=new_job_id(),
         idempotency_key=idempotency_key(request),
@@ -74,7 +77,9 @@ def new_job_for(request: SubmitRequest, scene: dict[str, Any], input_hash: str) 
         width=request.width,
         height=request.height,
         spp=request.spp,
-        tile_size=request.tile_size,
+        tile_size=0 if request.tile_size == TILE_AUTO else request.tile_size,
+        tile_auto=auto,
+        cost_key=cost_key(request),
         renderer=request.renderer,
         priority=request.priority,
         deadline_at=request.deadline_at(),

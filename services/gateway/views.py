@@ -55,6 +55,7 @@ def job_status(job: Job, counts: TileCounts, waiting: str | None = None) -> Stat
         idempotency_key=job.idempotency_key,
         input_hash=job.input_hash,
         tile_size=job.tile_size,
+        tile_auto=job.tile_auto,
         tiles_total=tiles_total,
         tiles_done=counts.done,
         tiles_by_state={state.value: n for state, n in counts.by_state.items() if n},

@@ -14,13 +14,16 @@ from collections.abc import Callable
 from nats.aio.msg import Msg
 
 from proto import names as n
+from proto.limits import AUTO_TILE_STEP, auto_tile_edge
 from proto.messages import JobMessage, TileDone
+from proto.povray import BLOCK as POVRAY_BLOCK
 from shared.core import crash
 from shared.core.errors import RetryableError, TerminalError
 from shared.core.lifecycle import IllegalTransition, TileState, is_terminal
 from shared.core.tiles import plan_rects
-from shared.metadata import Tile
+from shared.metadata import Job, Tile
 from shared.nats.jetstream import publish
+from shared.nats.presence import LiveWorkers, capacity
 from shared.service.runtime import Runtime
 from shared.service.settle import ACK, Delivery, Outcome, Retry, outcome_of, settle
 
@@ -41,6 +44,8 @@ class Planner:
         self.log = rt.log.bind(component="planner")
         #: called after a plan with tiles to render (the dispatcher's nudge)
         self.on_planned = on_planned
+        #: the live workers (an auto job's tiles are sized so each of their threads has one)
+        self.workers = LiveWorkers(rt.js, rt.names.bucket(n.BUCKET_WORKERS))
 
     async def handle(self, msg: Msg) -> None:
         """Plan one job, ack last."""
@@ -72,8 +77,10 @@ class Planner:
         if job_msg.generation < job.generation:
             self.log.info("stale job generation", job_id=job.job_id, got=job_msg.generation)
             return
-        rects = plan_rects(job.width, job.height, job.tile_size)
-        tiles = await db.plan_tiles(job.job_id, rects, node=self.rt.node)
+        edge = job.tile_size or await self.auto_edge(job)
+        rects = plan_rects(job.width, job.height, edge)
+        chosen = edge if job.tile_auto else None
+        tiles = await db.plan_tiles(job.job_id, rects, node=self.rt.node, tile_size=chosen)
         crash.crash_point("scheduler.after_plan")
         todo = [t for t in tiles if t.state not in _DONE_OR_TERMINAL]
         if todo:
@@ -81,6 +88,36 @@ class Planner:
         if tiles and all(t.state is TileState.DONE for t in tiles):
             await self._finalize_again(job_msg, tiles[-1], job.input_hash)
         self.log.info("planned", job_id=job.job_id, tiles=len(tiles), to_render=len(todo))
+
+    async def auto_edge(self, job: Job) -> int:
+        """The edge of a ``tile_size: "auto"`` job: a tile takes about ``TESSERA_TILE_SECONDS``
+        on one core at the measured cost of its scene (or renderer; else ``TESSERA_TILE_COST``),
+        and every live kernel thread of its renderer gets a tile (:func:`auto_tile_edge`)."""
+        config = self.rt.settings.scheduler
+        estimate = await self.rt.db.tile_cost(job.job_id, job.cost_key, job.renderer)
+        cost = config.tile_cost if estimate is None else estimate.seconds_per_sample
+        threads = await self._threads(job.renderer)
+        step = POVRAY_BLOCK if job.renderer == "povray" else AUTO_TILE_STEP
+        edge = auto_tile_edge(job.width, job.height, job.spp, seconds_per_sample=cost,
+                              target_seconds=config.tile_seconds, threads=threads,
+                              step=step)  # fmt: skip
+        self.log.info("auto tile edge", job_id=job.job_id, edge=edge, threads=threads,
+                      seconds_per_sample=cost,
+                      measured_over=0 if estimate is None else estimate.attempts,
+                      scope="default" if estimate is None else estimate.scope)  # fmt: skip
+        return edge
+
+    async def _threads(self, renderer: str) -> int:
+        """Kernel threads of the live workers announcing ``renderer`` (1 if none or unknown:
+        the bucket cannot be read, or no worker is up yet)."""
+        try:
+            live = await self.workers.list()
+        except (RetryableError, TerminalError) as exc:
+            self.log.warning(
+                "live workers unreadable; auto tiles assume one thread", error=str(exc)
+            )
+            return 1
+        return max(1, capacity(live, 1.0).get(renderer, 0))
 
     async def _finalize_again(self, job_msg: JobMessage, last: Tile, input_hash: str) -> None:
         """Every tile is already done (a retried job whose finalization failed): hand the job

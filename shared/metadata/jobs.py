@@ -37,8 +37,9 @@ async def insert_job(conn: Conn, new: NewJob, who: Who) -> SubmitResult:
         """
         INSERT INTO jobs (job_id, idempotency_key, fingerprint, project, request, scene, frame,
                           input_hash, width, height, spp, tile_size, state, priority,
-                          deadline_at, renderer)
-        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+                          deadline_at, renderer, tile_auto, cost_key)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+                $18)
         ON CONFLICT (idempotency_key) DO NOTHING
         RETURNING *
         """,
@@ -58,6 +59,8 @@ async def insert_job(conn: Conn, new: NewJob, who: Who) -> SubmitResult:
         new.priority,
         new.deadline_at,
         new.renderer,
+        new.tile_auto,
+        new.cost_key,
     )
     if row is not None:
         await audit.record_event(

@@ -65,6 +65,11 @@ class NewJob:
     deadline_at: datetime | None = None
     #: the renderer that draws it (``tessera``: the built-in kernel)
     renderer: str = "tessera"
+    #: ``tile_size: "auto"``: the scheduler picks the edge at planning (``tile_size`` 0 until then)
+    tile_auto: bool = False
+    #: what a pixel-sample's cost depends on (renderer, scene, bounces): the planner measures it
+    #: over the finished tiles of earlier jobs with the same key
+    cost_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,8 @@ class Job:
     priority: int = 50
     deadline_at: datetime | None = None
     renderer: str = "tessera"
+    tile_auto: bool = False
+    cost_key: str | None = None
 
     @classmethod
     def from_record(cls, row: Record) -> Job:

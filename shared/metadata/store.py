@@ -8,7 +8,17 @@ import asyncpg
 from asyncpg import Record
 
 from shared.core.lifecycle import JobState, JobTrigger, TileState, TileTrigger, tile_legal_events
-from shared.metadata import audit, control, dispatch, fastpath, fencing, jobs, projects, tiles
+from shared.metadata import (
+    audit,
+    control,
+    costs,
+    dispatch,
+    fastpath,
+    fencing,
+    jobs,
+    projects,
+    tiles,
+)
 from shared.metadata.audit import Conn, Who
 from shared.metadata.base import StoreBase
 from shared.metadata.console import ConsoleStore
@@ -251,13 +261,30 @@ class MetadataStore(StoreBase):
     # ---- tiles ----------------------------------------------------------------------------
 
     async def plan_tiles(
-        self, job_id: str, rects: Sequence[tuple[int, int, int, int]], *, node: str = ""
+        self,
+        job_id: str,
+        rects: Sequence[tuple[int, int, int, int]],
+        *,
+        node: str = "",
+        tile_size: int | None = None,
     ) -> list[Tile]:
         """Insert the plan (idempotent), set ``tiles_total``, TILES_PLANNED; all the tiles.
 
-        A different plan for an already planned job is a ConflictError.
+        A different plan for an already planned job is a ConflictError. ``tile_size``: the edge
+        of ``rects``, which an auto job with no edge yet takes (:func:`.tiles.plan`).
         """
-        return await self._tx("plan_tiles", lambda c: tiles.plan(c, job_id, rects, Who(node)))
+        return await self._tx(
+            "plan_tiles",
+            lambda c: tiles.plan(c, job_id, rects, Who(node), tile_size=tile_size),
+        )
+
+    async def tile_cost(
+        self, job_id: str, cost_key: str | None, renderer: str
+    ) -> costs.CostEstimate | None:
+        """Measured seconds per pixel-sample for a job's tiles (:func:`.costs.tile_cost`)."""
+        return await self._read(
+            "tile_cost", lambda c: costs.tile_cost(c, job_id, cost_key, renderer)
+        )
 
     async def get_tile(self, job_id: str, tile_index: int) -> Tile | None:
         """The tile, or ``None``."""

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from kernel.rect import Rect
-from shared.core.errors import ConflictError, NotFoundError, ValidationError
+from shared.core.errors import ConflictError, NotFoundError, RetryableError, ValidationError
 from shared.core.lifecycle import (
     TERMINAL_TILE_STATES,
     IllegalTransition,
@@ -82,17 +82,36 @@ def _check_rects(rects: Sequence[tuple[int, int, int, int]]) -> list[Rect]:
 
 
 async def plan(
-    conn: Conn, job_id: str, rects: Sequence[tuple[int, int, int, int]], who: Who
+    conn: Conn,
+    job_id: str,
+    rects: Sequence[tuple[int, int, int, int]],
+    who: Who,
+    *,
+    tile_size: int | None = None,
 ) -> list[Tile]:
     """TILES_PLANNED and the tile rows; a second call with the same plan changes nothing.
 
     An unplanned job whose state does not allow TILES_PLANNED raises IllegalTransition; once
-    planned, a repeat returns the plan even when the job is past planning.
+    planned, a repeat returns the plan even when the job is past planning. ``tile_size``: the
+    edge ``rects`` were cut with, which a ``tile_size: "auto"`` job whose edge is not chosen yet
+    takes (in this transaction, under the job's row lock); if another planner chose a different
+    edge first, :class:`EdgeChosen` (retryable: planning again reads that edge).
     """
     wanted = _check_rects(rects)
-    row = await conn.fetchrow("SELECT state, tiles_total FROM jobs WHERE job_id = $1", job_id)
+    row = await conn.fetchrow(
+        "SELECT state, tiles_total, tile_size FROM jobs WHERE job_id = $1 FOR UPDATE", job_id
+    )
     if row is None:
         raise NotFoundError(f"job {job_id} does not exist")
+    if tile_size is not None and row["tile_size"] != tile_size:
+        if row["tile_size"] != 0:
+            raise EdgeChosen(
+                f"job {job_id}: its tile edge is {row['tile_size']}, not {tile_size} (chosen by "
+                "another planner): plan it again"
+            )
+        await conn.execute(
+            "UPDATE jobs SET tile_size = $2 WHERE job_id = $1 AND tile_size = 0", job_id, tile_size
+        )
     if row["tiles_total"] not in (0, len(wanted)):
         raise ConflictError(
             f"job {job_id} is planned with {row['tiles_total']} tiles, not {len(wanted)}"
@@ -124,6 +143,10 @@ async def plan(
     if [t.rect for t in tiles] != wanted:
         raise ConflictError(f"job {job_id} is already planned with different tile rectangles")
     return tiles
+
+
+class EdgeChosen(RetryableError):
+    """An auto job's tile edge was chosen by another planner first (plan again to use it)."""
 
 
 async def mark_published(

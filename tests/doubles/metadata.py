@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import statistics
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -41,8 +42,10 @@ from shared.metadata import (
     Tile,
     TileCommit,
 )
+from shared.metadata.costs import COST_JOBS, COST_SAMPLE, CostEstimate
 from shared.metadata.dispatch import DEFAULT_ESTIMATE, DISPATCHABLE, Released
 from shared.metadata.store import CANCEL_IF_IDLE
+from shared.metadata.tiles import EdgeChosen
 
 __all__ = ["MemoryMetadata"]
 
@@ -175,11 +178,20 @@ class MemoryMetadata:
     # ---- tiles ----------------------------------------------------------------------------
 
     async def plan_tiles(
-        self, job_id: str, rects: Sequence[tuple[int, int, int, int]], *, node: str = ""
+        self,
+        job_id: str,
+        rects: Sequence[tuple[int, int, int, int]],
+        *,
+        node: str = "",
+        tile_size: int | None = None,
     ) -> list[Tile]:
         if not rects or any(x1 <= x0 or y1 <= y0 or min(x0, y0) < 0 for x0, y0, x1, y1 in rects):
             raise ValidationError("plan: a job needs non-empty tiles")
         job = self._job(job_id)
+        if tile_size is not None and job.tile_size != tile_size:
+            if job.tile_size != 0:
+                raise EdgeChosen(f"job {job_id}: its tile edge is {job.tile_size}")
+            self.jobs[job_id] = job = dataclasses.replace(job, tile_size=tile_size)
         if job.tiles_total not in (0, len(rects)):
             raise ConflictError(f"job {job_id} is planned with {job.tiles_total} tiles")
         try:
@@ -202,6 +214,31 @@ class MemoryMetadata:
 
     async def get_tile(self, job_id: str, tile_index: int) -> Tile | None:
         return self.tiles.get((job_id, tile_index))
+
+    async def tile_cost(
+        self, job_id: str, cost_key: str | None, renderer: str
+    ) -> CostEstimate | None:
+        scopes = [("scene", lambda j: j.cost_key == cost_key)] if cost_key is not None else []
+        scopes.append(("renderer", lambda j: j.renderer == renderer))
+        for scope, same in scopes:
+            done = [a for a in self.attempt_rows.values() if a.kind == "tile"
+                    and a.outcome is AttemptOutcome.DONE and a.ended_at is not None
+                    and a.ended_at > a.started_at]  # fmt: skip
+            jobs = sorted((j for j in self.jobs.values() if same(j) and j.job_id != job_id
+                           and any(a.job_id == j.job_id for a in done)),
+                          key=lambda j: j.created_at, reverse=True)[:COST_JOBS]  # fmt: skip
+            spp = {j.job_id: j.spp for j in jobs}
+            costs = []
+            mine = sorted((a for a in done if a.job_id in spp),
+                          key=lambda a: a.ended_at or a.started_at, reverse=True)  # fmt: skip
+            for a in mine[:COST_SAMPLE]:
+                assert a.tile_index is not None and a.ended_at is not None
+                x0, y0, x1, y1 = self.tiles[(a.job_id, a.tile_index)].rect
+                work = (x1 - x0) * (y1 - y0) * max(spp[a.job_id] - a.resumed_from, 1)
+                costs.append((a.ended_at - a.started_at).total_seconds() / work)
+            if costs:
+                return CostEstimate(statistics.median(costs), len(costs), scope)
+        return None
 
     async def list_tiles(self, job_id: str) -> list[Tile]:
         return sorted((t for k, t in self.tiles.items() if k[0] == job_id),

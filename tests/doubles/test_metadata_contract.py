@@ -12,6 +12,7 @@ import pytest
 from shared.core.errors import ConflictError, NotFoundError, ValidationError
 from shared.core.lifecycle import IllegalTransition, JobState, JobTrigger, TileState, TileTrigger
 from shared.metadata import AttemptOutcome, CommitOutcome, Job, Tile, TileCommit
+from shared.metadata.tiles import EdgeChosen
 from tests.doubles.conftest import Meta
 from tests.metadata.conftest import RECTS, make_new_job
 
@@ -240,3 +241,42 @@ async def test_submit_is_idempotent_per_key(meta: Meta):
     assert (first.job.state, first.job.generation, first.job.tiles_total) == (JobState.QUEUED, 0, 0)
     with pytest.raises(ConflictError):
         await meta.submit_job(make_new_job(key="k1", body={"spp": 1}))
+
+
+async def test_an_auto_job_takes_the_first_planned_edge_and_refuses_another(meta: Meta):
+    job = (await meta.submit_job(make_new_job(tile_size=0, tile_auto=True))).job
+    assert (job.tile_size, job.tile_auto) == (0, True)
+    tiles = await meta.plan_tiles(job.job_id, RECTS, tile_size=32)
+    assert len(tiles) == 4
+    planned = await meta.get_job(job.job_id)
+    assert planned is not None and (planned.tile_size, planned.tiles_total) == (32, 4)
+    assert [t.rect for t in await meta.plan_tiles(job.job_id, RECTS, tile_size=32)] == [
+        t.rect for t in tiles
+    ], "planning again with the chosen edge changes nothing"
+    with pytest.raises(EdgeChosen):  # another planner's edge: plan again (it reads 32)
+        await meta.plan_tiles(job.job_id, [(0, 0, 64, 48)], tile_size=64)
+    again = await meta.get_job(job.job_id)
+    assert again is not None and again.tile_size == 32
+
+
+async def test_tile_cost_is_measured_on_finished_tiles_of_the_scene_then_of_the_renderer(
+    meta: Meta,
+):
+    measured = (await meta.submit_job(make_new_job(cost_key="scene-a"))).job
+    await meta.plan_tiles(measured.job_id, RECTS)
+    assert await meta.tile_cost("other", "scene-a", "tessera") is None, "nothing finished yet"
+    for i, token in ((0, 1), (1, 2)):
+        assert await _fence(meta, measured.job_id, token, f"a{i}", i)
+        commit = dataclasses.replace(_commit(measured.job_id, token, f"a{i}", i), samples_done=16)
+        assert await meta.commit_tile(commit) is CommitOutcome.COMMITTED
+    scene = await meta.tile_cost("other", "scene-a", "tessera")
+    assert scene is not None and (scene.scope, scene.attempts) == ("scene", 2)
+    assert 0 < scene.seconds_per_sample < 1.0
+    renderer = await meta.tile_cost("other", "scene-b", "tessera")
+    assert renderer is not None and (renderer.scope, renderer.attempts) == ("renderer", 2)
+    assert renderer.seconds_per_sample == pytest.approx(scene.seconds_per_sample)
+    assert await meta.tile_cost("other", "scene-c", "povray") is None, (
+        "another renderer's tiles say nothing"
+    )
+    mine = await meta.tile_cost(measured.job_id, "scene-a", "tessera")
+    assert mine is None, "a job's own tiles are left out (it is the one being planned)"

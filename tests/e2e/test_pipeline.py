@@ -34,6 +34,14 @@ async def test_one_job_gives_the_reference_png(
     assert status["result_location"].startswith(f"renders/{reply['job_id']}/")
     events = await db.job_events(reply["job_id"])
     assert [e.to_state for e in events if e.entity == "job"][-1] == "completed"
+    # The same image with tile_size auto: the scheduler picks the edge (the cost measured on
+    # the job above, one live kernel thread), status shows it, and the pixels are the same.
+    auto = await submit(client, body | {"tile_size": "auto"})
+    assert auto["job_id"] != reply["job_id"], "auto is another logical request"
+    settled = await settle(client, auto["job_id"], services)
+    assert settled["state"] == "completed" and settled["tile_auto"] is True
+    assert settled["tile_size"] > 0 and settled["tiles_total"] >= 1
+    assert await result_bytes(objects, settled) == png
 
 
 async def test_concurrent_identical_submits_make_one_job_and_one_png(

@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kernel.rect import Rect
-from proto.povray import check_povray_options, check_povray_source
+from proto.povray import BLOCK, check_povray_options, check_povray_source
 from services.worker.renderers.procs import (
     RendererCrashed,
     RendererFailed,
@@ -51,10 +51,6 @@ __all__ = [
 ]
 
 NAME = "povray"
-#: POV-Ray's render block (``Render_Block_Size``, 32 by default): anti-aliasing works block by
-#: block, and a region's blocks start at the region's corner, so a tile is rendered as the whole
-#: blocks of the full frame's grid that cover it, then cropped
-BLOCK = 32
 
 
 def povray_version(binary: str = "povray") -> str:

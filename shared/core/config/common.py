@@ -141,13 +141,13 @@ class DeliverySettings:
 class ClientSettings:
     """What the ``tessera`` client commands fill in."""
 
-    #: default tile edge in pixels when a request names none
-    default_tile: int = _knob(
-        64,
+    #: default tile edge in pixels when a request names none, or ``auto``
+    default_tile: str = _knob(
+        "auto",
         "TESSERA_DEFAULT_TILE",
-        "tile edge (pixels) `tessera submit` sends when the command names none",
+        "tile edge `tessera submit` sends when the command names none: `auto` (the scheduler "
+        "picks it, see TESSERA_TILE_SECONDS) or pixels (8..1024)",
         read_by="client",
-        minimum=8,
     )
 
 

@@ -171,6 +171,9 @@ def _check_names(s: Settings) -> None:
         raise ConfigError(
             f"TESSERA_LOG_LEVEL={process.log_level!r} must be DEBUG, INFO, WARNING or ERROR"
         )
+    tile = s.client.default_tile
+    if tile != "auto" and not (tile.isdigit() and int(tile) >= 8):
+        raise ConfigError(f"TESSERA_DEFAULT_TILE={tile!r} must be auto or a tile edge >= 8")
 
 
 def _is_host(value: str) -> bool:

@@ -177,6 +177,24 @@ class SchedulerSettings:
         read_by="scheduler",
         minimum=1,
     )
+    #: what a tile of a ``tile_size: "auto"`` job should take on one core
+    tile_seconds: float = _knob(
+        2.0,
+        "TESSERA_TILE_SECONDS",
+        'seconds one tile of a `tile_size: "auto"` job should take on one core: the planner '
+        "picks the edge from the image size, spp and the measured cost of a pixel-sample",
+        read_by="scheduler",
+        minimum=0.01,
+    )
+    #: the cost assumed before anything of a renderer was measured
+    tile_cost: float = _knob(
+        1e-6,
+        "TESSERA_TILE_COST",
+        "seconds per pixel-sample an auto job assumes while no finished tile of its scene or "
+        "renderer has been measured (the kernel's cornell scene: about 1e-6 on one core)",
+        read_by="scheduler",
+        minimum=1e-12,
+    )
     #: period of the deadline check (jobs past their deadline end deadline_exceeded)
     deadline_interval: float = _knob(
         1.0,
