@@ -3,7 +3,8 @@
 
 A tile attempt that ended ``done`` rendered ``(x1 - x0) * (y1 - y0)`` pixels from the samples it
 resumed from up to the job's spp, in the time between its fence and its commit, on one kernel
-thread: its cost per pixel-sample is that time over that work. The estimate is the median over
+thread: its cost per pixel-sample is that time over that work (attempts shorter than
+:data:`COST_MIN_SECONDS` are left out). The estimate is the median over
 the newest :data:`COST_SAMPLE` such attempts of the newest :data:`COST_JOBS` jobs with a finished
 tile and the same cost key (renderer, scene, bounces), else of the same renderer (any scene);
 ``None`` when there is none (the caller's configured default applies). The reads walk the two
@@ -16,12 +17,16 @@ from dataclasses import dataclass
 
 from shared.metadata.audit import Conn
 
-__all__ = ["COST_JOBS", "COST_SAMPLE", "CostEstimate", "tile_cost"]
+__all__ = ["COST_JOBS", "COST_MIN_SECONDS", "COST_SAMPLE", "CostEstimate", "tile_cost"]
 
 COST_JOBS = 16
 """Newest jobs of a key (or renderer) whose finished tiles are measured."""
 COST_SAMPLE = 64
 """Newest finished tile attempts the median is taken over."""
+COST_MIN_SECONDS = 0.1
+"""Shorter attempts are left out: their time is mostly the fixed cost of a tile (lease, fence,
+commit, ack), not its samples, and would make every pixel-sample look dear (a 64x64 tile at
+1 spp renders in a few ms and takes tens of ms end to end)."""
 
 _COST_SQL = """
 WITH recent AS (
@@ -36,7 +41,7 @@ WITH recent AS (
     FROM recent r
     JOIN attempts a ON a.job_id = r.job_id AND a.kind = 'tile' AND a.outcome = 'done'
     JOIN tiles t ON t.job_id = a.job_id AND t.tile_index = a.tile_index
-    WHERE a.ended_at > a.started_at
+    WHERE a.ended_at - a.started_at >= make_interval(secs => {min_seconds})
     ORDER BY a.ended_at DESC LIMIT {sample}
 )
 SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY cost) AS cost, count(*) AS n FROM done
@@ -62,7 +67,9 @@ async def tile_cost(
         scopes.append(("scene", "j.cost_key = $1", cost_key))
     scopes.append(("renderer", "j.renderer = $1", renderer))
     for scope, where, value in scopes:
-        sql = _COST_SQL.format(where=where, jobs=COST_JOBS, sample=COST_SAMPLE)
+        sql = _COST_SQL.format(
+            where=where, jobs=COST_JOBS, sample=COST_SAMPLE, min_seconds=COST_MIN_SECONDS
+        )
         row = await conn.fetchrow(sql, value, job_id)
         if row is not None and row["n"] and row["cost"] is not None and row["cost"] > 0:
             return CostEstimate(float(row["cost"]), int(row["n"]), scope)

@@ -42,7 +42,7 @@ from shared.metadata import (
     Tile,
     TileCommit,
 )
-from shared.metadata.costs import COST_JOBS, COST_SAMPLE, CostEstimate
+from shared.metadata.costs import COST_JOBS, COST_MIN_SECONDS, COST_SAMPLE, CostEstimate
 from shared.metadata.dispatch import DEFAULT_ESTIMATE, DISPATCHABLE, Released
 from shared.metadata.store import CANCEL_IF_IDLE
 from shared.metadata.tiles import EdgeChosen
@@ -223,7 +223,8 @@ class MemoryMetadata:
         for scope, same in scopes:
             done = [a for a in self.attempt_rows.values() if a.kind == "tile"
                     and a.outcome is AttemptOutcome.DONE and a.ended_at is not None
-                    and a.ended_at > a.started_at]  # fmt: skip
+                    and (a.ended_at - a.started_at).total_seconds()
+                    >= COST_MIN_SECONDS]  # fmt: skip
             jobs = sorted((j for j in self.jobs.values() if same(j) and j.job_id != job_id
                            and any(a.job_id == j.job_id for a in done)),
                           key=lambda j: j.created_at, reverse=True)[:COST_JOBS]  # fmt: skip

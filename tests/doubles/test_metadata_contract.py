@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from datetime import timedelta
 
 import pytest
 
@@ -14,6 +15,7 @@ from shared.core.lifecycle import IllegalTransition, JobState, JobTrigger, TileS
 from shared.metadata import AttemptOutcome, CommitOutcome, Job, Tile, TileCommit
 from shared.metadata.tiles import EdgeChosen
 from tests.doubles.conftest import Meta
+from tests.doubles.metadata import MemoryMetadata
 from tests.metadata.conftest import RECTS, make_new_job
 
 
@@ -259,6 +261,24 @@ async def test_an_auto_job_takes_the_first_planned_edge_and_refuses_another(meta
     assert again is not None and again.tile_size == 32
 
 
+async def _attempts_took(meta: Meta, job_id: str, seconds: float) -> None:
+    """The history a real render leaves: the job's attempts each ``seconds`` long (test set-up:
+    the store has no verb that rewrites attempt times)."""
+    if isinstance(meta, MemoryMetadata):
+        for key, a in list(meta.attempt_rows.items()):
+            if a.job_id == job_id and a.ended_at is not None:
+                started = a.ended_at - timedelta(seconds=seconds)
+                meta.attempt_rows[key] = dataclasses.replace(a, started_at=started)
+        return
+    async with meta._pool.acquire() as conn:
+        await conn.execute(
+            "UPDATE attempts SET started_at = ended_at - make_interval(secs => $2) "
+            "WHERE job_id = $1",
+            job_id,
+            seconds,
+        )
+
+
 async def test_tile_cost_is_measured_on_finished_tiles_of_the_scene_then_of_the_renderer(
     meta: Meta,
 ):
@@ -269,9 +289,13 @@ async def test_tile_cost_is_measured_on_finished_tiles_of_the_scene_then_of_the_
         assert await _fence(meta, measured.job_id, token, f"a{i}", i)
         commit = dataclasses.replace(_commit(measured.job_id, token, f"a{i}", i), samples_done=16)
         assert await meta.commit_tile(commit) is CommitOutcome.COMMITTED
+    assert await meta.tile_cost("other", "scene-a", "tessera") is None, (
+        "attempts of a few ms are the fixed cost of a tile, not its samples"
+    )
+    await _attempts_took(meta, measured.job_id, 0.5)
     scene = await meta.tile_cost("other", "scene-a", "tessera")
     assert scene is not None and (scene.scope, scene.attempts) == ("scene", 2)
-    assert 0 < scene.seconds_per_sample < 1.0
+    assert scene.seconds_per_sample == pytest.approx(0.5 / (32 * 32 * 16))
     renderer = await meta.tile_cost("other", "scene-b", "tessera")
     assert renderer is not None and (renderer.scope, renderer.attempts) == ("renderer", 2)
     assert renderer.seconds_per_sample == pytest.approx(scene.seconds_per_sample)
