@@ -79,7 +79,14 @@ class Gateway:
     def __init__(self, rt: Runtime, *, intake: Intake | None = None) -> None:
         self.rt = rt
         self.intake = intake or Intake.of(rt.settings.gateway)
-        self.handlers = Handlers(rt.db, rt.js, rt.names, rt.log, rt.metrics, self.intake)
+        self.assets = AssetHandlers(
+            rt.store,
+            rt.log,
+            max_asset_bytes=rt.settings.gateway.asset_max_bytes,
+            intake=self.intake,
+        )
+        self.handlers = Handlers(rt.db, rt.js, rt.names, rt.log, rt.metrics, self.intake,
+                                 check_reference=self.assets.check_reference)  # fmt: skip
         # half the server's max_payload at most: the reply's envelope and counts fit beside it
         budget = min(MAX_REPLY_BYTES, rt.nc.max_payload // 2)
         self.dlq = DlqHandlers(rt.js, rt.names, rt.log, requeuer=Requeuer(rt), reply_budget=budget)
@@ -87,12 +94,6 @@ class Gateway:
         self.results = ResultHandlers(rt.db, rt.store, reply_budget=budget, url_ttl=ttl)
         self.control = ControlHandlers(rt)
         self.console = ConsoleHandlers(rt, reply_budget=budget)
-        self.assets = AssetHandlers(
-            rt.store,
-            rt.log,
-            max_asset_bytes=rt.settings.gateway.asset_max_bytes,
-            intake=self.intake,
-        )
         self.routes: dict[str, Handler] = {
             rt.names.api_subject(verb): handler for verb, handler in self._verbs().items()
         }

@@ -21,7 +21,11 @@ mean reading the whole asset back), except for the POV-Ray files it scans.
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Mapping
+from typing import Any
+
+import orjson
 
 from proto.api import (
     AssetChunkRequest,
@@ -47,6 +51,8 @@ __all__ = ["AssetHandlers", "parse_manifest_request"]
 
 Headers = Mapping[str, str] | None
 _PARALLEL = 16
+REFERENCE_CACHE = 256
+"""Assets whose file list the gateway keeps for the submits that name them."""
 """Store requests one manifest check makes at once (HEADs of its chunks)."""
 _SHOWN = 5
 
@@ -70,6 +76,33 @@ class AssetHandlers:
         self.intake = intake or Intake()
         #: chunks written by this gateway (tests and metrics: a deduplicated upload adds none)
         self.chunks_stored = 0
+        #: manifest sha256 -> its file paths, for the submits that name it (manifests are
+        #: content-addressed, so an entry never goes stale while the asset is kept)
+        self._paths: OrderedDict[str, frozenset[str]] = OrderedDict()
+
+    async def check_reference(self, scene: Mapping[str, Any]) -> None:
+        """A submit's scene reference names a stored asset and one of its files: else
+        ``not_found`` (upload it first: ``tessera submit`` does) or ``invalid``, at submit
+        rather than as a worker's failure later."""
+        sha, main = str(scene["asset"]), str(scene["main"])
+        paths = self._paths.get(sha)
+        if paths is None:
+            try:
+                raw = await self.store.get(asset_manifest_key(sha), sha256=sha)
+            except NotFoundError:
+                raise NotFoundError(
+                    f"scene.asset: no asset {sha} is stored; upload it first (`tessera submit "
+                    "SCENE` uploads a .blend or .pov with what it needs)"
+                ) from None
+            manifest = Manifest.parse(orjson.loads(raw), max_bytes=self.max_asset_bytes)
+            paths = frozenset(f.path for f in manifest.files)
+            self._paths[sha] = paths
+            while len(self._paths) > REFERENCE_CACHE:
+                self._paths.popitem(last=False)
+        else:
+            self._paths.move_to_end(sha)
+        if main not in paths:
+            raise ValidationError(f"scene.main: {main!r:.80} is not a file of asset {sha}")
 
     async def missing(self, data: bytes, headers: Headers) -> AssetMissingReply:
         """``tessera.api.asset.missing``: which of the chunks are not stored."""

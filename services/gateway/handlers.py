@@ -16,7 +16,7 @@ absorbs the copy inside the duplicate window, and the scheduler's planning is id
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from nats.js import JetStreamContext
@@ -34,6 +34,7 @@ from proto.limits import TILE_AUTO
 from proto.messages import JobEvent, JobMessage
 from proto.names import (
     BUCKET_WORKERS,
+    RENDERER_TESSERA,
     EventKind,
     Names,
     event_msg_id,
@@ -107,8 +108,11 @@ class Handlers:
         log: Log,
         metrics: Metrics | None = None,
         intake: Intake | None = None,
+        check_reference: Callable[[Mapping[str, Any]], Awaitable[None]] | None = None,
     ) -> None:
         self.db, self.js, self.names, self.log = db, js, names, log
+        #: a Blender or POV-Ray job's asset is stored and has its main file (NotFound/Invalid)
+        self.check_reference = check_reference
         self.metrics = metrics or Metrics()
         #: where a large submit body (an inline scene) is decoded and checked
         self.intake = intake or Intake()
@@ -127,6 +131,8 @@ class Handlers:
             request = decode_request(data, headers, SubmitRequest)
             checked = await check_submission(request)
             new_job = new_job_for(request, checked.doc, checked.input_hash)
+        if new_job.renderer != RENDERER_TESSERA and self.check_reference is not None:
+            await self.check_reference(new_job.scene)
         result = await self.db.submit_job(new_job)
         job = result.job
         if not result.created:

@@ -23,6 +23,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from proto.api import SubmitRequest
 from proto.assets import Manifest
 from proto.names import ApiVerb, Names
 from proto.replies import ApiError
@@ -398,3 +399,28 @@ async def test_a_chunk_is_stored_only_if_it_matches_its_sha256_and_fits(
     assert (await client.asset_chunk(digest, full))["stored"] is True
     assert (await client.asset_chunk(digest, full))["stored"] is False
     assert (await client.asset_missing([digest, "1" * 64]))["missing"] == ["1" * 64]
+
+
+async def test_a_submit_naming_an_asset_that_is_not_stored_or_not_its_file_is_refused(
+    gateway: Gateway, client: TesseraClient, tmp_path: Path
+) -> None:
+    main = pov_scene(tmp_path / "shot", texture_bytes=1024)
+    base: dict[str, Any] = {
+        "project": "p",
+        "renderer": "povray",
+        "width": 32,
+        "height": 32,
+        "spp": 1,
+    }
+    missing = SubmitRequest(**base, scene={"asset": "0" * 64, "main": "scene.pov"})
+    with pytest.raises(ApiError) as info:
+        await client.submit(missing)
+    assert info.value.code == "not_found" and "upload it first" in str(info.value)
+    asset, rel = await upload_scene(client, main, "povray", False)
+    wrong = SubmitRequest(**base, scene={"asset": asset, "main": "notes.txt"})
+    with pytest.raises(ApiError) as info:
+        await client.submit(wrong)
+    assert info.value.code == "invalid" and "not a file of asset" in str(info.value)
+    ok = await client.submit(SubmitRequest(**base, scene={"asset": asset, "main": rel}))
+    assert ok["created"] is True
+    assert len(await gateway.rt.db.list_jobs(limit=10)) == 1, "the refused ones wrote nothing"
