@@ -127,6 +127,11 @@ class ApiVerb(StrEnum):
     ASSET_MISSING = "asset.missing"
     ASSET_CHUNK = "asset.chunk"
     ASSET_MANIFEST = "asset.manifest"
+    JOB_TILES = "job.tiles"
+    JOB_TIMELINE = "job.timeline"
+    JOB_PREVIEW = "job.preview"
+    WORKERS = "workers"
+    FARM = "farm"
 
 
 RENDERER_TESSERA = "tessera"

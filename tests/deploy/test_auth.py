@@ -98,6 +98,7 @@ def test_every_user_has_exactly_its_own_consumers_and_the_owner_alone_declares()
         "scheduler": ["ADVISORIES.scheduler-advisories", "JOBS.scheduler-jobs"],
         "worker": ["TILES.workers", "TILES.workers-blender", "TILES.workers-povray"],
         "finalizer": ["EVENTS.finalizer"],
+        "web": [],
         "client": [],
     }
     creators = {r for r, p in perms.items() if any(".STREAM.CREATE." in s for s in p.publish)}
@@ -108,6 +109,10 @@ def test_every_user_has_exactly_its_own_consumers_and_the_owner_alone_declares()
     )
     assert not any(".DELETE." in s for p in perms.values() for s in p.publish if "MSG" not in s)
     assert perms["client"].publish == ("tessera.api.>",)
+    # the web console: the API verbs it exposes, one by one, and the events; no JetStream API
+    assert all(s.startswith("tessera.api.") and "*" not in s and ">" not in s
+               for s in perms["web"].publish)  # fmt: skip
+    assert perms["web"].subscribe == ("_INBOX.>", "tessera.events.>")
 
 
 def test_the_committed_server_config_is_the_generated_one() -> None:
