@@ -116,6 +116,7 @@ def _other_value(f: dataclasses.Field[Any]) -> str:
     strings = {"namespace": "t1", "metrics_host": "127.0.0.1", "log_level": "DEBUG",
                "renderers": "tessera"}  # fmt: skip
     strings["asset_cache_dir"] = "/var/cache/tessera/assets"
+    strings |= {"host": "0.0.0.0", "token": "viewer:v-0123456789abcdef,operator-0123456789abcdef"}
     default: Any = f.default
     if f.type == "int":
         return str(default + 1)

@@ -19,7 +19,7 @@ from nats.aio.client import Client as NATS
 
 from proto.names import Names
 from services.client.api import TesseraClient
-from services.web.app import GENERATED_TOKEN_KEY, build_app
+from services.web.app import GENERATED_TOKEN_KEY, build_app, settings_from_env
 from shared.core import crash
 from shared.core.config import Settings
 from shared.core.errors import ConfigError, StoreUnavailable, TesseraError
@@ -34,7 +34,7 @@ _SHUTDOWN_TIMEOUT = 5.0
 def main() -> int:
     """Run the web service until SIGTERM/SIGINT; returns the exit status."""
     try:
-        settings = Settings.from_env(os.environ, database=False, object_store=False)
+        settings = settings_from_env(os.environ)
         crash.arm(os.environ)
     except ConfigError as exc:
         print(f"tessera web: {exc}", file=sys.stderr)

@@ -348,9 +348,10 @@ class _Upload:
     files: list[AssetFile] = field(default_factory=list)
 
     async def file(self, path: str, pieces: AsyncIterator[bytes]) -> None:
-        """Read one file piece by piece, sending each full chunk before reading on."""
+        """Read one file piece by piece into one chunk-sized buffer, sending each chunk as it
+        fills (so at most one chunk of the file is held, plus the one on its way)."""
         whole, chunks, size = hashlib.sha256(), [], 0
-        buf = bytearray()
+        buf, filled = bytearray(self.chunk_bytes), 0
         async for piece in pieces:
             size += len(piece)
             self.total += len(piece)
@@ -362,15 +363,19 @@ class _Upload:
                     f"{self.max_bytes} bytes (TESSERA_ASSET_MAX_BYTES)",
                 )
             whole.update(piece)
-            buf += piece
-            while len(buf) >= self.chunk_bytes:
-                chunks.append(await self._send(buf[: self.chunk_bytes]))
-                del buf[: self.chunk_bytes]
-        if buf:
-            chunks.append(await self._send(buf))
+            rest = memoryview(piece)
+            while rest:
+                n = min(len(rest), self.chunk_bytes - filled)
+                buf[filled : filled + n] = rest[:n]
+                rest, filled = rest[n:], filled + n
+                if filled == self.chunk_bytes:
+                    chunks.append(await self._send(memoryview(buf)))
+                    filled = 0
+        if filled:
+            chunks.append(await self._send(memoryview(buf)[:filled]))
         self.files.append(AssetFile(path, size, whole.hexdigest(), tuple(chunks)))
 
-    async def _send(self, data: bytearray) -> str:
+    async def _send(self, data: memoryview) -> str:
         digest = hashlib.sha256(data).hexdigest()
         missing = await _call(self.client, ApiVerb.ASSET_MISSING, {"chunks": [digest]})
         if missing["missing"]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import importlib
+from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -35,13 +36,30 @@ from services.web.openapi import document
 from shared.core.config import Settings
 from shared.service.logs import Log
 
-__all__ = ["AUTH_KEY", "GENERATED_TOKEN_KEY", "SETTINGS_KEY", "all_routes", "build_app"]
+__all__ = [
+    "AUTH_KEY",
+    "GENERATED_TOKEN_KEY",
+    "SETTINGS_KEY",
+    "all_routes",
+    "build_app",
+    "settings_from_env",
+]
 
 AUTH_KEY = web.AppKey("tessera_auth", Auth)
 SETTINGS_KEY = web.AppKey("tessera_settings", Settings)
 GENERATED_TOKEN_KEY = web.AppKey("tessera_generated_token", str)
 """The operator token made up because ``TESSERA_WEB_TOKEN`` was empty ("" if it was set)."""
 _LOG = Log("tessera.web", service="web")
+
+
+_NOT_MINE = ("TESSERA_DATABASE_URL", "TESSERA_OBJECT_STORE")
+
+
+def settings_from_env(env: Mapping[str, str]) -> Settings:
+    """The web service's settings: ``env`` without the database and object-store variables
+    (a shared ConfigMap may carry them; the web service opens neither)."""
+    own = {k: v for k, v in env.items() if k not in _NOT_MINE and not k.startswith("TESSERA_S3_")}
+    return Settings.from_env(own, database=False, object_store=False)
 
 
 def _version() -> str:

@@ -52,9 +52,9 @@ SESSION_COOKIE = "tessera_session"
 CSRF_COOKIE = "tessera_csrf"
 CSRF_HEADER = "X-CSRF-Token"
 CSRF_FIELD = "csrf_token"
-ROLE_KEY = "tessera_role"
-_CSRF_KEY = "tessera_csrf_token"
-_NEW_CSRF = "tessera_csrf_new"
+ROLE_KEY = web.RequestKey("tessera_role", str)
+_CSRF_KEY = web.RequestKey("tessera_csrf_token", str)
+_NEW_CSRF = web.RequestKey("tessera_csrf_new", bool)
 _RANK = {"viewer": 0, "operator": 1}
 _SAFE = frozenset({"GET", "HEAD", "OPTIONS"})
 PUBLIC_PATHS = frozenset({"/login", "/api/openapi.json", "/favicon.ico"})
@@ -91,14 +91,12 @@ def tokens_for(settings: WebSettings) -> tuple[tuple[tuple[str, str], ...], str 
 
 def csrf_token(request: web.Request) -> str:
     """The CSRF token a page embeds (``<meta name="csrf-token">``) and its script sends back."""
-    token: str = request[_CSRF_KEY]
-    return token
+    return request[_CSRF_KEY]
 
 
 def role_of(request: web.Request) -> str | None:
     """The role the request proved (``viewer``/``operator``), or None (a public path)."""
-    role: str | None = request.get(ROLE_KEY)
-    return role
+    return request.get(ROLE_KEY)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import shared.core.config
 from proto import names as n
 from proto.limits import NATS_MAX_PAYLOAD, NATS_MAX_PENDING
 from services.cli import SERVICES, build_parser
+from services.web.app import settings_from_env
 from shared.core.config import Settings, variables
 from shared.devstack import natsauth
 from tests.deploy.conftest import REPO
@@ -68,7 +69,7 @@ def check_service_env(what: str, env: dict[str, str]) -> Settings:
         assert "TESSERA_NATS_URL" in tessera, what
         assert not {"TESSERA_DATABASE_URL", *S3_REQUIRED} & tessera, f"{what}: credentials"
         assert env.get("TESSERA_WEB_TOKEN"), f"{what}: no TESSERA_WEB_TOKEN"
-        return Settings.from_env(env, database=False, object_store=False)
+        return settings_from_env(env)
     required = REQUIRED | (
         S3_REQUIRED if env.get("TESSERA_OBJECT_STORE", "").startswith("s3") else set()
     )
