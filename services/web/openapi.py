@@ -173,8 +173,8 @@ class SchemaSet:
             schema = {**schema, "description": text} if "$ref" not in schema else schema
             if defaults[name] is dataclasses.MISSING:
                 required.append(name)
-            else:
-                schema = _opt(schema) if defaults[name] is None else schema
+            elif defaults[name] is None and type(None) not in typing.get_args(tp):
+                schema = _opt(schema)
             props[name] = schema
         out: dict[str, Any] = {"type": "object", "properties": props, "required": required}
         out["description"] = inspect.cleandoc(cls.__doc__ or cls.__name__).split("\n\n")[0]

@@ -39,6 +39,7 @@ from services.web.api import raise_for
 from services.web.app import build_app
 from shared.core.config import Settings
 from shared.core.errors import ConfigError
+from shared.core.lifecycle import JobTrigger
 from shared.objectstore import sha256_hex
 from shared.service.runtime import Runtime
 from tests.gateway.results import completed_job
@@ -101,6 +102,14 @@ async def test_submit_status_list_and_steering_a_job(http: Http) -> None:
     await error_of(
         await http.post(f"/api/jobs/{job}/retry", headers=AS_OPERATOR), 409, "illegal_state"
     )
+
+
+async def test_a_failed_job_is_retried(http: Http, runtime: Runtime) -> None:
+    job = await submitted(http)
+    for trigger in (JobTrigger.TILES_PLANNED, JobTrigger.TERMINAL_FAILURE):
+        await runtime.db.transition_job(job, trigger)
+    retried = await json_of(await http.post(f"/api/jobs/{job}/retry", headers=AS_OPERATOR), 200)
+    assert retried["generation"] == 1 and retried["state"] == "queued"
 
 
 async def test_paging_follows_after(http: Http) -> None:
@@ -575,11 +584,11 @@ async def test_a_client_that_falls_behind_is_dropped(
         await nc.flush()
 
         async def ended() -> bool:
-            while (frame := await sse.frame()) is not None:
+            while (frame := await sse.frame()) is not None:  # heartbeats would go on forever
                 assert frame.get("event") in ("job-resumed", None), frame
             return True
 
-        assert await eventually(ended, what="the stream of a client behind ends", timeout=20)
+        assert await asyncio.wait_for(ended(), 20), "the stream of a client behind ends"
     finally:
         await small.close()
 
