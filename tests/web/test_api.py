@@ -44,7 +44,6 @@ from shared.objectstore import sha256_hex
 from shared.service.runtime import Runtime
 from tests.gateway.results import completed_job
 from tests.harness import ServiceProcesses
-from tests.helpers import eventually
 from tests.web.conftest import AS_OPERATOR, AS_VIEWER, OPERATOR, VIEWER, body, serve, web_settings
 
 Http = TestClient[Any, Any]
