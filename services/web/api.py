@@ -27,7 +27,6 @@ from proto import api as rq
 from proto.api import MSGPACK, VERB_REQUESTS
 from proto.api_replies import VERB_REPLIES
 from proto.assets import AssetFile, Manifest
-from proto.limits import DEFAULT_LIST_LIMIT
 from proto.names import ApiVerb
 from proto.replies import ApiError, ErrorCode
 from services.client.api import GatewayUnavailable, RequestTooLarge, TesseraClient
@@ -158,20 +157,20 @@ def _json(reply: dict[str, Any], status: int = 200) -> web.Response:
 
 
 async def list_jobs(request: web.Request) -> web.Response:
-    """A page of jobs, newest first; ``project`` keeps that project's (reading at most
-    :data:`LIST_SCAN_PAGES` gateway pages, so a page may be short: follow ``next_cursor``)."""
+    """A page of jobs, newest first. With ``project``: that project's jobs of the first gateway
+    page that has any (reading at most :data:`LIST_SCAN_PAGES` pages), so a page holds at most
+    ``limit`` jobs and may hold fewer, even none: follow ``next_cursor`` until it is null."""
     client, project = _client(request), _str(request, "project")
     body: dict[str, Any] = {"state": _str(request, "state"), "limit": _int(request, "limit")}
     cursor = _str(request, "after")
     if project is None:
         return _json(await _call(client, ApiVerb.LIST, body | {"cursor": cursor}))
-    want = body["limit"] or DEFAULT_LIST_LIMIT
     jobs: list[dict[str, Any]] = []
     for _ in range(LIST_SCAN_PAGES):
         page = await _call(client, ApiVerb.LIST, body | {"cursor": cursor})
-        jobs += [j for j in page["jobs"] if j["project"] == project]
+        jobs = [j for j in page["jobs"] if j["project"] == project]
         cursor = page["next_cursor"]
-        if cursor is None or len(jobs) >= want:
+        if jobs or cursor is None:
             break
     return _json({"jobs": jobs, "next_cursor": cursor})
 
@@ -591,7 +590,12 @@ def _routes() -> list[Route]:
             ApiVerb.LIST,
             query=(
                 Param("state", _STATES, "only jobs in this state"),
-                Param("project", {"type": "string"}, "only this project's jobs"),
+                Param(
+                    "project",
+                    {"type": "string"},
+                    "only this project's jobs (a page may then be short, even empty: follow "
+                    "next_cursor until it is null)",
+                ),
                 _LIMIT,
                 Param("after", {"type": "string"}, "next_cursor of the page before"),
             ),

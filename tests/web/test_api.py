@@ -37,7 +37,8 @@ from services.client.api import TesseraClient
 from services.gateway.app import Gateway
 from services.web.api import raise_for
 from services.web.app import build_app
-from shared.core.config import Settings
+from services.web.auth import Auth
+from shared.core.config import Settings, WebSettings
 from shared.core.errors import ConfigError
 from shared.core.lifecycle import JobTrigger
 from shared.objectstore import sha256_hex
@@ -109,6 +110,19 @@ async def test_a_failed_job_is_retried(http: Http, runtime: Runtime) -> None:
         await runtime.db.transition_job(job, trigger)
     retried = await json_of(await http.post(f"/api/jobs/{job}/retry", headers=AS_OPERATOR), 200)
     assert retried["generation"] == 1 and retried["state"] == "queued"
+
+
+async def test_a_project_filter_pages_within_the_limit(http: Http) -> None:
+    mine = [await submitted(http, frame=i) for i in range(3)]
+    await submitted(http, project="other")  # newest: the first page has none of mine
+    page = await json_of(await http.get("/api/jobs?project=gw&limit=1", headers=AS_VIEWER), 200)
+    seen = [j["job_id"] for j in page["jobs"]]
+    while page["next_cursor"]:
+        after = f"/api/jobs?project=gw&limit=1&after={page['next_cursor']}"
+        page = await json_of(await http.get(after, headers=AS_VIEWER), 200)
+        assert len(page["jobs"]) <= 1
+        seen += [j["job_id"] for j in page["jobs"]]
+    assert seen == mine[::-1]
 
 
 async def test_paging_follows_after(http: Http) -> None:
@@ -449,6 +463,16 @@ async def test_a_viewer_session_cannot_change_anything(http: Http) -> None:
     await error_of(
         await http.post("/api/dlq/purge", json={"all": True}, headers=headers), 403, "forbidden"
     )
+
+
+def test_a_session_expires_and_names_its_role() -> None:
+    auth = Auth(WebSettings(session_ttl=60), (("viewer", VIEWER), ("operator", OPERATOR)))
+    value = auth.session_value("viewer", now=1000.0)
+    assert auth.role_for_session(value, now=1059.0) == "viewer"
+    assert auth.role_for_session(value, now=1061.0) is None
+    assert auth.role_for_session(value.replace("viewer", "operator", 1), now=1000.0) is None
+    rotated = Auth(WebSettings(session_ttl=60), (("viewer", "another-viewer-token-xyz"),))
+    assert rotated.role_for_session(value, now=1000.0) is None  # a new token ends the sessions
 
 
 def test_tokens_are_checked_and_an_empty_one_is_loopback_only(settings: Settings) -> None:
