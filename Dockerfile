@@ -1,4 +1,5 @@
-# One image for every Tessera service; the command picks it: gateway, scheduler, worker, finalizer.
+# One image for every Tessera service; the command picks it: gateway, scheduler, worker, finalizer,
+# web.
 #   docker build -t tessera .
 #   docker run --rm -e TESSERA_NATS_URL=... -e TESSERA_DATABASE_URL=... tessera worker
 # Validated by tests/deploy/test_files.py; not built here (no Docker engine in CI).

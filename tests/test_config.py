@@ -120,6 +120,7 @@ def _other_value(f: dataclasses.Field[Any]) -> str:
                "renderers": "tessera"}  # fmt: skip
     strings["asset_cache_dir"] = "/var/cache/tessera/assets"
     strings["default_tile"] = "64"
+    strings |= {"host": "0.0.0.0", "token": "viewer:v-0123456789abcdef,operator-0123456789abcdef"}
     default: Any = f.default
     if f.type == "int":
         return str(default + 1)

@@ -6,7 +6,9 @@
 ``kernel`` stands alone (it imports only itself) and only services use it; ``shared.devstack``
 (the embedded servers) sits on proto and is used by the ``tessera`` command and the tests. The
 services (gateway, scheduler, worker, finalizer, client) do not import each other; the
-``tessera`` command (``services.cli``) sits on top and may import all of them. Every import
+``tessera`` command (``services.cli``) sits on top and may import all of them. The web console
+(``services.web``) sits on the client: of the services it imports only ``services.client`` (it
+reaches the farm through the gateway's API, never a store). Every import
 counts: module level, inside functions and under ``TYPE_CHECKING``. ``core`` and ``proto`` also
 import no I/O library (no NATS, no database, no HTTP), so the client and the wire contract stay
 light.
@@ -35,6 +37,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "services": tuple(
         f"services.{s}" for s in ("gateway", "scheduler", "worker", "finalizer", "client")
     ),
+    "console": ("services.web",),
     "command": ("services.cli",),
     "root": ("shared", "services"),  # the empty package roots themselves
 }
@@ -47,6 +50,7 @@ MAY_IMPORT: dict[str, frozenset[str]] = {
     "service": frozenset({"core", "proto", "adapters", "service"}),
     "kernel": frozenset({"kernel"}),
     "services": frozenset({"core", "proto", "adapters", "service", "kernel", "services"}),
+    "console": frozenset({"core", "proto", "adapters", "service", "services", "console"}),
     "command": frozenset(LAYERS),
     "root": frozenset(),
 }
@@ -150,6 +154,12 @@ def violations(root: Path = REPO) -> list[str]:
                 out.append(f"{where} ({target}): {layer} may import {sorted(MAY_IMPORT[layer])}")
             elif layer == target == "services" and service_of(module) != service_of(imp.target):
                 out.append(f"{where}: services do not import each other")
+            elif (
+                layer == "console"
+                and target == "services"
+                and (service_of(imp.target) != "services.client")
+            ):
+                out.append(f"{where}: the web console reaches the farm through the client only")
     return out
 
 

@@ -274,6 +274,7 @@ def test_the_client_only_install_has_no_render_stack(light_venv: Path) -> None:
         ["top"],
         ["gateway"],
         ["worker"],
+        ["web"],
     ):
         refused = run_in(light_venv, "tessera", *argv)
         assert refused.returncode == 2, (argv, refused.stderr)

@@ -10,6 +10,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -103,7 +104,7 @@ class Up:
     def read_exports(self) -> dict[str, str]:
         """The ``export`` lines (printed once everything started), as the clients' environment."""
         assert self.popen.stdout is not None
-        for _ in range(3):
+        for _ in range(4):  # NATS, PostgreSQL, the object store, the web console's token
             line = self.popen.stdout.readline()
             assert line.startswith("export "), (line, self.stderr())
             name, _, value = shlex.split(line)[1].partition("=")
@@ -183,7 +184,7 @@ def test_a_killed_worker_is_restarted_and_the_next_job_completes(server_dir: Pat
         up.read_exports()
         kids = eventually_sync(up.running, timeout=60, what="every child has a live PID")
         assert set(kids) == {"nats-server n1", "postgres", "gateway", "scheduler", "finalizer",
-                             "worker-1"}  # fmt: skip
+                             "worker-1", "web"}  # fmt: skip
         assert all(c["restarts"] == 0 for c in kids.values())
         old = kids["worker-1"]["pid"]
         os.kill(old, signal.SIGKILL)
@@ -197,6 +198,15 @@ def test_a_killed_worker_is_restarted_and_the_next_job_completes(server_dir: Pat
         watched = up.cli("watch", job, "--interval", "0.2")
         assert watched.returncode == 0, (watched.stderr, up.stderr())
         assert up.children()["gateway"]["restarts"] == 0
+        # the web console answers with the token up printed (its port is on stderr)
+        url = re.search(r"# web console: (http://\S+/)", up.stderr())
+        assert url, up.stderr()
+        token = up.env["TESSERA_WEB_TOKEN"].removeprefix("operator:")
+        request = urllib.request.Request(
+            f"{url.group(1)}api/jobs/{job}", headers={"Authorization": f"Bearer {token}"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            assert json.loads(answer.read())["state"] == "completed"
 
         assert up.interrupt() == 0
         assert "restarts: nats-server n1 0, postgres 0, gateway 0, scheduler 0, finalizer 0, " \
@@ -245,7 +255,7 @@ def test_a_configuration_error_stops_up_at_once_without_restarts(server_dir: Pat
         err = up.stderr()
         up.seen |= {int(p) for p in re.findall(r"PID (\d+)", err)}
         gave_up = re.search(
-            r"(gateway|scheduler|finalizer|worker-1) exited with a configuration error \(exit "
+            r"(gateway|scheduler|finalizer|worker-1|web) exited with a configuration error \(exit "
             r"code 2\): restarting cannot help; giving up and stopping everything", err
         )  # fmt: skip
         assert gave_up, err
@@ -254,7 +264,7 @@ def test_a_configuration_error_stops_up_at_once_without_restarts(server_dir: Pat
         restarts = err.rsplit("restarts: ", 1)[1]
         assert f"{gave_up[1]} 0" in restarts and " 1" not in restarts, restarts
         assert not up.pid_file.exists()
-    assert len(up.seen) == 6, "only the first start of each child"
+    assert len(up.seen) == 7, "only the first start of each child"
 
 
 def test_with_auth_a_configuration_error_of_the_first_service_exits_2(server_dir: Path) -> None:
@@ -299,7 +309,7 @@ def test_a_worker_that_keeps_crashing_is_restarted_up_to_the_limit_then_up_gives
         assert "restarts: nats-server n1 0, postgres 0, gateway 0, scheduler 0, finalizer 0, " \
                "worker-1 2" in err  # fmt: skip
         assert not up.pid_file.exists()
-    assert len(up.seen) == 6 + 2
+    assert len(up.seen) == 7 + 2  # servers, services, web; two restarts
     # Nothing was lost: `up` again on the same data (no crash point) completes the job.
     with running_up(server_dir) as again:
         again.read_exports()

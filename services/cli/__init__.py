@@ -3,9 +3,10 @@
 Subcommands are registered by the modules that implement them (``register(subparsers)``):
 :mod:`services.cli.local` (``up``, ``demo``), :mod:`services.client.commands` (``submit``,
 ``status``, ``watch``, ``get``, ``list``, ``cancel``, ``retry``, ...),
-:mod:`services.cli.ops.commands` (``gc``, ``top``) and this module (``version`` and the four
-services). ``tessera COMMAND --help`` documents each; ``python -m services.cli`` is the same
-command. This package is the top layer: it may import every service (docs/architecture.md).
+:mod:`services.cli.ops.commands` (``gc``, ``top``) and this module (``version`` and the five
+services; ``web`` is the console and HTTP API). ``tessera COMMAND --help`` documents each;
+``python -m services.cli`` is the same command. This package is the top layer: it may import
+every service (docs/architecture.md).
 
 ``pip install tessera`` installs only the client (:mod:`services.client`, ``proto/``): its
 commands import neither numpy nor numba. Everything else needs the ``render`` extra; on a
@@ -26,7 +27,7 @@ __all__ = ["build_parser", "main"]
 
 Sub: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
-SERVICES = ("gateway", "scheduler", "worker", "finalizer")
+SERVICES = ("gateway", "scheduler", "worker", "finalizer", "web")
 _COMMAND_MODULES = ("services.cli.local", "services.client.commands", "services.cli.ops.commands")
 #: The commands of the modules that need the render stack, listed even when it is missing.
 RENDER_COMMANDS = {"services.cli.local": ("up", "demo"), "services.cli.ops.commands": ("gc", "top")}

@@ -1,4 +1,5 @@
-"""``tessera up`` and ``tessera demo``: the embedded stack in the foreground."""
+"""``tessera up`` and ``tessera demo``: the embedded stack in the foreground (``up`` also runs
+the web console, see :func:`web_env`)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 __all__ = ["ServiceProcesses", "register", "run_demo", "run_up"]
 
 SERVICES = ("gateway", "scheduler", "worker", "finalizer")
+#: the web console's port under ``up`` when TESSERA_WEB_PORT is not set (and it is free)
+WEB_PORT = 8470
 #: a service's exit codes that restarting cannot fix (see shared.service.runtime.service_main); the
 #: servers' exit codes mean other things, so a server that exits 2 is restarted as usual
 SERVICE_FINAL_EXITS: Mapping[int, str] = {2: "configuration error"}
@@ -158,6 +161,34 @@ def _supervisor(stack: Stack, procs: ServiceProcesses, limits: RestartLimits) ->
     return Supervisor(children, limits, pid_file=stack.data_dir / "pids.json")
 
 
+def web_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """What ``up`` gives the web console: loopback, a port, and a token.
+
+    ``TESSERA_WEB_PORT`` and ``TESSERA_WEB_TOKEN`` are kept when set; otherwise the port is
+    :data:`WEB_PORT` (or a free one if that is taken) and the token a fresh operator token,
+    which ``up`` prints with the other ``export`` lines.
+    """
+    import secrets
+    import socket
+
+    from shared.devstack.procs import free_port
+
+    def port_free(port: int) -> bool:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+        return True
+
+    out = {"TESSERA_WEB_HOST": environ.get("TESSERA_WEB_HOST", "").strip() or "127.0.0.1"}
+    port = environ.get("TESSERA_WEB_PORT", "").strip()
+    out["TESSERA_WEB_PORT"] = port or str(WEB_PORT if port_free(WEB_PORT) else free_port())
+    token = environ.get("TESSERA_WEB_TOKEN", "").strip()
+    out["TESSERA_WEB_TOKEN"] = token or f"operator:{secrets.token_urlsafe(24)}"
+    return out
+
+
 def run_up(
     data_dir: Path,
     *,
@@ -177,12 +208,14 @@ def run_up(
     namespace = os.environ.get("TESSERA_NAMESPACE", "").strip()
     stack = Stack(data_dir, s3=s3, auth=auth, namespace=namespace)
     procs = ServiceProcesses(stack.env(), stack.data_dir / "logs", service_env=stack.service_env)
+    web = web_env(os.environ) if services else {}
     with _stop_on_signals() as stop:
         try:
             stack.start()
             procs.env = stack.env()
             if services:
                 procs.start_all(workers=workers, scheduler_first=auth)
+                procs.start("web", env=web)
         except StackError as exc:
             print(f"tessera up: {exc}", file=sys.stderr)
             # with --auth the scheduler must start first: a bad variable ends here
@@ -192,7 +225,12 @@ def run_up(
             return 2 if config else 1
         supervisor = _supervisor(stack, procs, limits or RestartLimits())
         try:
-            print(export_lines(stack.env()), flush=True)
+            exports = stack.env() | {k: v for k, v in web.items() if k == "TESSERA_WEB_TOKEN"}
+            print(export_lines(exports), flush=True)
+            if web:
+                url = f"http://{web['TESSERA_WEB_HOST']}:{web['TESSERA_WEB_PORT']}/"
+                print(f"# web console: {url} (log in with TESSERA_WEB_TOKEN's token, without "
+                      "its 'operator:' prefix)", file=sys.stderr)  # fmt: skip
             what = "stack and services" if services else "stack"
             pids = ", ".join(f"{name} PID {pid}" for name, pid in supervisor.pids().items())
             print(f"# {what} running ({pids}; also in {supervisor.pid_file}); data and logs in "
@@ -340,7 +378,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``up`` and ``demo`` to the ``tessera`` command."""
     up = sub.add_parser(
         "up",
-        help="run the embedded stack and the four services in the foreground",
+        help="run the embedded stack, the four services and the web console in the foreground",
         epilog="a server or service that exits is restarted with exponential backoff, except a "
         "service that exits 2 (a configuration error, which restarting cannot fix); exit "
         "status: 0 stopped by Ctrl-C or SIGTERM; 1 a server or service failed to start, or "

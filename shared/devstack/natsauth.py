@@ -25,6 +25,9 @@ worker         consume TILES; read/write tile leases, progress pointers and its 
                -failed and -dead-lettered events
 finalizer      consume EVENTS tile-done; read/write ``final.<job>`` leases; publish
                job-completed/-failed events and DLQ copies
+web            call the API verbs the web console uses (each named: a new verb is not granted
+               until listed in :data:`WEB_VERBS`) and hear ``tessera.events.>``; nothing else
+               (no JetStream API, no KV, no topology)
 client         call ``tessera.api.>`` (request-reply) and watch ``tessera.events.>``
 =============  ===============================================================================
 
@@ -66,7 +69,15 @@ __all__ = [
 SERVICE_ROLES = ("gateway", "scheduler", "worker", "finalizer")
 #: streams with a durable consumer, whose oldest pending message ``farm`` reads
 _STATS_STREAMS = (n.STREAM_JOBS, n.STREAM_TILES, n.STREAM_EVENTS, n.STREAM_ADVISORIES)
-ROLES = (*SERVICE_ROLES, "client")
+ROLES = (*SERVICE_ROLES, "web", "client")
+WEB_VERBS = (
+    "submit", "status", "list", "cancel", "retry", "result", "dlq.list", "dlq.show",
+    "dlq.requeue", "dlq.purge", "priority", "pause", "resume", "project.set", "project.list",
+    "project.show", "asset.missing", "asset.chunk", "asset.manifest", "job.tiles",
+    "job.timeline", "job.preview", "workers", "farm",
+)  # fmt: skip
+"""The API verbs the ``web`` user may call: those the HTTP API exposes (services.web.api),
+named one by one so a verb added later is not granted by accident."""
 INBOX = "_INBOX.>"
 API = "$JS.API"
 
@@ -195,6 +206,10 @@ def permissions(
         )
         for role in SERVICE_ROLES
     }
+    out["web"] = Permissions(
+        publish=tuple(nm.api_subject(n.ApiVerb(v)) for v in WEB_VERBS),
+        subscribe=(INBOX, nm.events_subjects),
+    )
     out["client"] = Permissions(publish=(nm.api_subjects,), subscribe=(INBOX, nm.events_subjects))
     return out
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
+import aiohttp
 import nats.errors
 import pytest
 
@@ -116,6 +118,7 @@ def test_every_user_has_exactly_its_own_consumers_and_the_owner_alone_declares()
         "scheduler": ["ADVISORIES.scheduler-advisories", "JOBS.scheduler-jobs"],
         "worker": ["TILES.workers", "TILES.workers-blender", "TILES.workers-povray"],
         "finalizer": ["EVENTS.finalizer"],
+        "web": [],
         "client": [],
     }
     creators = {r for r, p in perms.items() if any(".STREAM.CREATE." in s for s in p.publish)}
@@ -126,6 +129,10 @@ def test_every_user_has_exactly_its_own_consumers_and_the_owner_alone_declares()
     )
     assert not any(".DELETE." in s for p in perms.values() for s in p.publish if "MSG" not in s)
     assert perms["client"].publish == ("tessera.api.>",)
+    # the web console: the API verbs it exposes, one by one, and the events; no JetStream API
+    assert all(s.startswith("tessera.api.") and "*" not in s and ">" not in s
+               for s in perms["web"].publish)  # fmt: skip
+    assert perms["web"].subscribe == ("_INBOX.>", "tessera.events.>")
 
 
 def test_the_committed_server_config_is_the_generated_one() -> None:
@@ -146,3 +153,42 @@ async def test_credentials_stay_out_of_errors_and_logs(
         await connect_nats(Settings.from_env(env), name="test", connect_within=1)
     assert "s3cret-pw" not in str(failed.value) and "worker:***@" in str(failed.value)
     assert "s3cret-pw" not in caplog.text
+
+
+async def test_the_web_console_works_as_its_user_and_may_do_nothing_else(
+    auth_services: ServiceProcesses,
+    auth_nats: AuthNats,
+    e2e_settings: Settings,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    auth_services.wait_started(auth_services.start("scheduler"))
+    auth_services.wait_started(auth_services.start("gateway"))
+    port, token = free_port(), "operator-token-for-the-auth-test"
+    web = auth_services.start(
+        "web", env={"TESSERA_WEB_PORT": str(port), "TESSERA_WEB_TOKEN": f"operator:{token}"}
+    )
+    auth_services.wait_started(web)
+    base, headers = f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {token}"}
+    async with (
+        aiohttp.ClientSession(headers=headers) as http,
+        http.get(f"{base}/api/events") as stream,  # it hears events as its user
+    ):
+        assert await stream.content.readline() == b"retry: 2000\n"
+        async with http.post(f"{base}/api/jobs", json=request()) as submitted:
+            assert submitted.status == 201, await submitted.text()
+            job = (await submitted.json())["job_id"]
+        async with http.post(f"{base}/api/jobs/{job}/cancel") as cancelled:
+            assert cancelled.status == 200, await cancelled.text()
+        line = b""
+        while not line.startswith(b"event: job-cancelled"):
+            line = await asyncio.wait_for(stream.content.readline(), 10)
+    caplog.set_level(logging.ERROR, logger="shared.nats.jetstream")
+    names = n.Names(e2e_settings.deployment.namespace)
+    nc = await auth_nats.connect("web", e2e_settings)
+    try:  # no JetStream API, no KV, no events of its own
+        await nc.publish(f"$JS.API.STREAM.INFO.{names.stream(n.STREAM_JOBS)}", b"")
+        await nc.publish(names.event_subject(job, n.EventKind.JOB_COMPLETED), b"")
+        await eventually(lambda: len(_violations(caplog)) >= 2, what="both denials logged")
+    finally:
+        await nc.close()
+    assert VIOLATION not in web.log_path.read_text(), auth_services.logs()

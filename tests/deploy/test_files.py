@@ -21,6 +21,7 @@ import shared.core.config
 from proto import names as n
 from proto.limits import NATS_MAX_PAYLOAD, NATS_MAX_PENDING
 from services.cli import SERVICES, build_parser
+from services.web.app import settings_from_env
 from shared.core.config import Settings, variables
 from shared.devstack import natsauth
 from tests.deploy.conftest import REPO
@@ -57,9 +58,18 @@ def test_the_known_variables_include_what_the_readme_documents() -> None:
 
 
 def check_service_env(what: str, env: dict[str, str]) -> Settings:
-    """Names known, required ones present, and the values accepted by Settings.from_env."""
+    """Names known, required ones present, and the values accepted by Settings.from_env.
+
+    The web console (``tessera-web``, compose ``web``) talks to the gateways over NATS only: it
+    needs only the NATS URL and must get no PostgreSQL or S3 credentials.
+    """
     tessera = {k for k in env if k.startswith("TESSERA_")}
     assert tessera <= known_variables(), f"{what}: unknown {sorted(tessera - known_variables())}"
+    if what.removeprefix("tessera-") == "web":
+        assert "TESSERA_NATS_URL" in tessera, what
+        assert not {"TESSERA_DATABASE_URL", *S3_REQUIRED} & tessera, f"{what}: credentials"
+        assert env.get("TESSERA_WEB_TOKEN"), f"{what}: no TESSERA_WEB_TOKEN"
+        return settings_from_env(env)
     required = REQUIRED | (
         S3_REQUIRED if env.get("TESSERA_OBJECT_STORE", "").startswith("s3") else set()
     )
@@ -177,6 +187,10 @@ def test_compose_tessera_services_are_cli_commands_with_complete_settings(
         assert url.startswith(f"nats://{role}:${{TESSERA_NATS_PASSWORD_{role.upper()}"), url
         assert f"TESSERA_NATS_PASSWORD_{role.upper()}" in nats_env
         needs = svc["depends_on"]
+        if role == "web":  # NATS and a gateway to answer it, nothing else
+            assert set(needs) == {"nats", "gateway"}, name
+            assert needs["gateway"]["condition"] == "service_healthy"
+            continue
         assert {"nats", "postgres"} <= set(needs)
         if role != "scheduler":  # the topology owner declares first (shared/devstack/natsauth.py)
             assert needs["scheduler"]["condition"] == "service_healthy"
@@ -284,6 +298,9 @@ def test_k8s_services_pdb_and_keda_point_at_real_things(
                  targets[0]["spec"]["template"]["spec"]["containers"][0]["ports"]}  # fmt: skip
         (port,) = svc["spec"]["ports"]
         assert port["targetPort"] in ports
+        if svc["metadata"]["name"] == "tessera-web":  # the console itself, not metrics
+            assert ports[port["targetPort"]] == port["port"] == 8470
+            continue
         notes = svc["metadata"]["annotations"]
         assert notes["prometheus.io/scrape"] == "true"
         assert int(notes["prometheus.io/port"]) == ports[port["targetPort"]] == port["port"]

@@ -41,6 +41,7 @@ from shared.core.config.roles import (
     GatewaySettings,
     SchedulerSettings,
     SweeperSettings,
+    WebSettings,
     WorkerSettings,
 )
 from shared.core.config.settings import Settings, variables, worker_settings
@@ -62,6 +63,7 @@ __all__ = [
     "SchedulerSettings",
     "Settings",
     "SweeperSettings",
+    "WebSettings",
     "WorkerSettings",
     "knob_table",
     "variables",

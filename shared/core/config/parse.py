@@ -167,6 +167,12 @@ def _check_names(s: Settings) -> None:
         raise ConfigError(
             f"TESSERA_METRICS_HOST={process.metrics_host!r} must be an IP address or a host name"
         )
+    if not _is_host(s.web.host):
+        raise ConfigError(f"TESSERA_WEB_HOST={s.web.host!r} must be an IP address or a host name")
+    try:
+        s.web.tokens()
+    except ValueError as exc:
+        raise ConfigError(f"TESSERA_WEB_TOKEN: {exc}") from None
     if process.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(
             f"TESSERA_LOG_LEVEL={process.log_level!r} must be DEBUG, INFO, WARNING or ERROR"

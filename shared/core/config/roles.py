@@ -349,3 +349,104 @@ class GatewaySettings:
         read_by="gateway",
         minimum=1,
     )
+
+
+WEB_ROLES = ("viewer", "operator")
+"""The roles of a web token, weakest first: ``viewer`` reads, ``operator`` also changes."""
+MIN_WEB_TOKEN = 16
+"""The fewest characters a web token may have (a guessable token is no protection)."""
+
+
+@dataclass(frozen=True)
+class WebSettings:
+    """The web console and HTTP API (:mod:`services.web`)."""
+
+    #: address the HTTP server listens on (loopback by default: expose it deliberately)
+    host: str = _knob(
+        "127.0.0.1",
+        "TESSERA_WEB_HOST",
+        "address the web console and HTTP API listen on (`0.0.0.0` in a container; the default "
+        "keeps it on the machine)",
+        read_by="web",
+    )
+    #: HTTP port of the console and API
+    port: int = _knob(
+        8470, "TESSERA_WEB_PORT", "port of the web console and HTTP API", read_by="web", minimum=1
+    )
+    #: ``role:token`` entries, comma-separated (a bare token is an operator's)
+    token: str = _knob(
+        "",
+        "TESSERA_WEB_TOKEN",
+        "access tokens, comma-separated `viewer:TOKEN` (reads) or `operator:TOKEN` (reads and "
+        "changes; a bare `TOKEN` is an operator's), each at least 16 characters; empty: the web "
+        "service makes up an operator token and logs it, allowed only on a loopback "
+        "`TESSERA_WEB_HOST` (`tessera up` prints the one it made)",
+        read_by="web",
+    )
+    #: seconds a login cookie stays valid
+    session_ttl: int = _knob(
+        12 * 3600,
+        "TESSERA_WEB_SESSION_TTL",
+        "seconds a console login (its HttpOnly cookie) stays valid",
+        read_by="web",
+        minimum=60,
+    )
+    #: mark the cookies ``Secure`` (only sent over HTTPS)
+    cookie_secure: int = _knob(
+        0,
+        "TESSERA_WEB_COOKIE_SECURE",
+        "1: mark the login and CSRF cookies `Secure` (set it when the console is behind HTTPS)",
+        read_by="web",
+        minimum=0,
+    )
+    #: seconds a gateway request of the web service may take
+    timeout: float = _knob(
+        10.0,
+        "TESSERA_WEB_TIMEOUT",
+        "seconds the web service waits for the gateway per request (503 `unavailable` after)",
+        read_by="web",
+        minimum=0.1,
+    )
+    #: events buffered per SSE client; one that falls further behind is disconnected
+    sse_queue: int = _knob(
+        256,
+        "TESSERA_WEB_SSE_QUEUE",
+        "events buffered for one server-sent-events client; a client that falls further behind "
+        "is disconnected (it reconnects and reloads)",
+        read_by="web",
+        minimum=1,
+    )
+    #: SSE connections served at once; more are answered 503
+    sse_clients: int = _knob(
+        200,
+        "TESSERA_WEB_SSE_CLIENTS",
+        "server-sent-events connections served at once; more are answered 503 with Retry-After",
+        read_by="web",
+        minimum=1,
+    )
+    #: seconds between two SSE heartbeat comments
+    heartbeat: float = _knob(
+        15.0,
+        "TESSERA_WEB_HEARTBEAT",
+        "seconds between two heartbeat comments on a server-sent-events stream",
+        read_by="web",
+        minimum=0.05,
+    )
+
+    def tokens(self) -> tuple[tuple[str, str], ...]:
+        """``(role, token)`` of every entry of ``token`` (ValueError naming a bad entry)."""
+        out: list[tuple[str, str]] = []
+        for raw in self.token.split(","):
+            entry = raw.strip()
+            if not entry:
+                continue
+            role, sep, secret = entry.partition(":")
+            if not sep or role not in WEB_ROLES:
+                role, secret = "operator", entry
+            if len(secret) < MIN_WEB_TOKEN or any(c.isspace() or c == "," for c in secret):
+                raise ValueError(
+                    f"a {role} token has {len(secret)} characters (at least {MIN_WEB_TOKEN}, no "
+                    "spaces)"
+                )
+            out.append((role, secret))
+        return tuple(out)

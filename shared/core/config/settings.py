@@ -30,6 +30,7 @@ from shared.core.config.roles import (
     GatewaySettings,
     SchedulerSettings,
     SweeperSettings,
+    WebSettings,
     WorkerSettings,
 )
 
@@ -42,6 +43,7 @@ _GROUPS: dict[str, type[Any]] = {
     "sweeper": SweeperSettings,
     "finalizer": FinalizerSettings,
     "gateway": GatewaySettings,
+    "web": WebSettings,
     "client": ClientSettings,
     "process": ProcessSettings,
 }
@@ -85,6 +87,7 @@ class Settings:
     sweeper: SweeperSettings = field(default_factory=SweeperSettings)
     finalizer: FinalizerSettings = field(default_factory=FinalizerSettings)
     gateway: GatewaySettings = field(default_factory=GatewaySettings)
+    web: WebSettings = field(default_factory=WebSettings)
     client: ClientSettings = field(default_factory=ClientSettings)
     process: ProcessSettings = field(default_factory=ProcessSettings)
 
