@@ -110,11 +110,14 @@ def _int(request: web.Request, name: str) -> int | None:
     if raw is None or raw == "":
         return None
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise WebError(
             400, ErrorCode.BAD_REQUEST, f"{name}: {raw!r:.40} is not an integer"
         ) from None
+    if not -(2**63) <= value < 2**63:  # (JSON to the gateway carries 64-bit integers)
+        raise WebError(400, ErrorCode.INVALID, f"{name}: {raw:.40} is out of range")
+    return value
 
 
 def _str(request: web.Request, name: str) -> str | None:
