@@ -1,0 +1,66 @@
+"""``python -m tests.web.screenshots DIR``: the screenshots of ``docs/web.md`` (``docs/web/``).
+
+The four pages drawn by headless Chromium from contract-shaped replies (:mod:`tests.web.fakefarm`,
+with plain names instead of the tests' hostile text), so the pictures do not depend on a farm's
+timing. The browser test against ``tessera up`` saves screenshots of a real run as artifacts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+from tests.helpers import eventually
+from tests.web.browser import chromium
+from tests.web.fakefarm import JOB_ID, FakeFarm
+from tests.web.pagesapp import pages_app, serving
+
+PAGES = {
+    "jobs.png": ("/", "#jobs .progress-cell .progress"),
+    "job.png": (f"/jobs/{JOB_ID}", "#timeline tbody tr"),
+    "dlq.png": ("/dlq", "#dlq tbody tr"),
+    "workers.png": ("/workers", "#workers tbody tr"),
+}
+
+
+async def take(out: Path) -> list[Path]:
+    """Each page's screenshot in ``out`` (an existing directory); their paths."""
+    farm = FakeFarm(
+        text="studio-a",
+        error="kernel_failure: scene mesh 'teapot.obj' has a face with 2 vertices (line 118)",
+        node="render-07",
+    )
+    saved = []
+    async with serving(pages_app()) as server, chromium() as browser:
+        ctx = await browser.new_context(
+            viewport={"width": 1280, "height": 860},
+            extra_http_headers={"X-Test-Role": "operator", "X-Test-Csrf": "docs"},
+        )
+        for name, (path, ready) in PAGES.items():
+            page = await ctx.new_page()
+            await farm.install(page)
+            await page.goto(str(server.make_url(path)))
+            await page.locator(ready).first.wait_for()
+            if name == "job.png":
+                box = await page.locator("#tiles").bounding_box()
+                assert box is not None
+                await page.mouse.click(box["x"] + box["width"] - 3, box["y"] + box["height"] - 3)
+                await eventually(lambda p=page: p.locator("#preview").get_attribute("src"),
+                                 what="preview")  # fmt: skip
+            if name == "dlq.png":
+                await page.locator("#dlq tbody input[type=checkbox]").first.check()
+                await page.click("#dlq-dry-run")
+                await page.locator("#dlq-report-table tbody tr").first.wait_for()
+            await page.screenshot(path=out / name, full_page=True)
+            saved.append(out / name)
+            await page.close()
+        await ctx.close()
+    return saved
+
+
+if __name__ == "__main__":
+    target = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/web")
+    target.mkdir(parents=True, exist_ok=True)
+    for path in asyncio.run(take(target)):
+        print(path)
