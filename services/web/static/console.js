@@ -192,12 +192,18 @@
     const tbody = $("#jobs tbody");
     const rows = new Map(); // job_id -> <tr>
 
-    function query(after) {
-      const q = new URLSearchParams({ limit: String(PAGE_SIZE) });
-      const state = form.state.value;
-      const project = form.project.value.trim();
+    function filters() {
+      const q = new URLSearchParams();
+      const state = form.elements.namedItem("state").value;
+      const project = form.elements.namedItem("project").value.trim();
       if (state) q.set("state", state);
       if (project) q.set("project", project);
+      return q;
+    }
+
+    function query(after) {
+      const q = filters();
+      q.set("limit", String(PAGE_SIZE));
       if (after) q.set("after", after);
       return q;
     }
@@ -271,7 +277,8 @@
     const pager = new Pager(load);
     form.addEventListener("submit", (event) => {
       event.preventDefault();
-      history.replaceState(null, "", "/?" + query(null).toString().replace(/(^|&)limit=\d+/, ""));
+      const q = filters().toString();
+      history.replaceState(null, "", q ? "/?" + q : "/");
       pager.cursors = [null];
       pager.show();
     });
@@ -295,9 +302,9 @@
 
     $("#submit").addEventListener("submit", async (event) => {
       event.preventDefault();
-      const f = event.target;
-      const request = { project: f.project.value.trim(), scene: f.scene.value.trim() };
-      for (const name of ["width", "height", "spp", "tile_size", "priority"]) request[name] = Number(f[name].value);
+      const field = (name) => event.target.elements.namedItem(name).value.trim();
+      const request = { project: field("project"), scene: field("scene") };
+      for (const name of ["width", "height", "spp", "tile_size", "priority"]) request[name] = Number(field(name));
       try {
         const reply = await post("/api/jobs", request);
         location.assign(jobUrl(reply.job_id));
@@ -533,6 +540,7 @@
     $("#timeline-older").addEventListener("click", () => loadTimeline(true));
     const refreshTimeline = throttle(() => loadTimeline(false), 1000);
     const refreshStatusSoon = throttle(refreshStatus, 500);
+    const refreshTilesSoon = throttle(refreshTiles, 1000);
 
     for (const button of document.querySelectorAll("#controls button[data-action]")) {
       button.addEventListener("click", async () => {
@@ -561,6 +569,7 @@
     };
     const handlers = {
       tiles: (data) => {
+        if (!grid.tiles.length) refreshTilesSoon(); // planned since the page loaded
         grid.update(Array.isArray(data) ? data : data.tiles || []);
         legend();
         refreshPreview();
@@ -587,6 +596,7 @@
       if (status && !FINAL.has(status.state)) {
         refreshStatus();
         refreshPreview();
+        if (grid.tiles.length < status.tiles_total) refreshTilesSoon();
       }
     }, 5000);
   }
@@ -717,6 +727,13 @@
     ["finalization_failures", "Finalization failures", count],
   ];
 
+  // a worker's current tile: "<job>:<index>" as a string, or an object naming them
+  function tileName(t) {
+    if (t === null || typeof t !== "object") return String(t);
+    const job = t.job_id ? String(t.job_id).slice(0, 8) : "?";
+    return job + ":" + (t.tile_index !== undefined ? t.tile_index : t.index);
+  }
+
   function workersPage() {
     async function refresh() {
       try {
@@ -733,7 +750,7 @@
           el("td", { text: Object.entries(w.renderers || {}).map(([n, v]) => n + " " + v).join(", ") }),
           el("td", { text: w.version }),
           el("td", { text: when(w.started_at) }),
-          el("td", { text: (w.current_tiles || []).map((t) => (typeof t === "object" ? JSON.stringify(t) : t)).join(", ") }),
+          el("td", { text: (w.current_tiles || []).map(tileName).join(", ") }),
         )));
         $("#workers-empty").hidden = list.length > 0;
         $("#workers-count").textContent = "(" + list.length + ")";
