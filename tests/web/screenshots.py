@@ -11,7 +11,6 @@ import asyncio
 import sys
 from pathlib import Path
 
-from tests.helpers import eventually
 from tests.web.browser import chromium
 from tests.web.fakefarm import JOB_ID, FakeFarm
 from tests.web.pagesapp import pages_app, serving
@@ -46,8 +45,7 @@ async def take(out: Path) -> list[Path]:
                 box = await page.locator("#tiles").bounding_box()
                 assert box is not None
                 await page.mouse.click(box["x"] + box["width"] - 3, box["y"] + box["height"] - 3)
-                await eventually(lambda p=page: p.locator("#preview").get_attribute("src"),
-                                 what="preview")  # fmt: skip
+                await page.wait_for_function("document.getElementById('preview').complete")
             if name == "dlq.png":
                 await page.locator("#dlq tbody input[type=checkbox]").first.check()
                 await page.click("#dlq-dry-run")

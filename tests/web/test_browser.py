@@ -104,7 +104,7 @@ async def test_the_jobs_page_writes_hostile_text_as_text_and_pages_with_after(
     await page.screenshot(path=shots / "jobs.png", full_page=True)
     await page.click("#page-next")
     await eventually(
-        lambda: page.locator("#jobs tbody tr").count() == 10, what="the second page shows"
+        lambda: _count_is(page.locator("#jobs tbody tr"), 10), what="the second page shows"
     )
     assert farm.requests("GET", "/api/jobs")[-1][0]["after"] == ["cursor-2"]
     assert await page.locator("#page-next").is_disabled()
@@ -123,8 +123,11 @@ async def test_the_job_page_draws_4096_tiles_on_a_canvas_and_applies_the_event_d
     await eventually(lambda: _text_is(summary, "1002 / 4096 done"), what="both SSE events applied")
     assert await page.locator("#tiles-panel canvas, canvas").count() == 1
     assert await page.locator("#tiles ~ *").count() < 50, "no DOM node per tile"
+    await page.evaluate(
+        "() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))"
+    )
     for index, colour in ((0, DONE), (2000, DONE), (2001, DONE), (3000, QUEUED), (4095, FAILED)):
-        got = await eventually(lambda i=index: _tile_rgb(page, i), what=f"tile {index} drawn")
+        got = await _tile_rgb(page, index)
         assert got == colour, (index, got)
 
     box = await page.locator("#tiles").bounding_box()
@@ -210,6 +213,10 @@ async def test_a_viewer_gets_disabled_buttons(browser: Browser, pages_url: str) 
 
 async def _text_is(locator: Any, text: str) -> bool:
     return bool(await locator.text_content() == text)
+
+
+async def _count_is(locator: Any, count: int) -> bool:
+    return bool(await locator.count() == count)
 
 
 async def _contains(locator: Any, text: str) -> bool:

@@ -9,27 +9,31 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from services.web import pages
 from tests.web.pagesapp import pages_app, serving
 
 SCRIPT = "<script>alert(1)</script>"
+Client = TestClient[web.Request, web.Application]
 PAGES = ["/", "/jobs/0190f3a2-7c1e-7abc-8def-0123456789ab", "/dlq", "/workers"]
 
 
 @pytest.fixture
-async def client() -> AsyncIterator[TestClient]:
+async def client() -> AsyncIterator[Client]:
     async with serving(pages_app()) as server:
-        client = TestClient(server)
+        client: Client = TestClient(server)
         try:
             yield client
         finally:
             await client.close()
 
 
-async def _page(client: TestClient, path: str, status: int = 200, **headers: str) -> str:
-    response = await client.get(path, headers=headers)
+async def _page(
+    client: Client, path: str, status: int = 200, headers: dict[str, str] | None = None
+) -> str:
+    response = await client.get(path, headers=headers or {})
     text = await response.text()
     assert response.status == status, text
     assert response.content_type == "text/html"
@@ -40,7 +44,7 @@ async def _page(client: TestClient, path: str, status: int = 200, **headers: str
 
 @pytest.mark.parametrize("path", PAGES)
 async def test_each_page_renders_its_shell_with_the_console_script(
-    client: TestClient, path: str
+    client: Client, path: str
 ) -> None:
     html = await _page(client, path)
     assert re.search(r'<script src="/static/console\.js\?v=[^"]+" defer></script>', html)
@@ -52,7 +56,7 @@ async def test_each_page_renders_its_shell_with_the_console_script(
     assert f'data-page="{page}"' in html
 
 
-async def test_the_static_files_are_served(client: TestClient) -> None:
+async def test_the_static_files_are_served(client: Client) -> None:
     for name, kind in (("console.js", "javascript"), ("console.css", "text/css")):
         response = await client.get(f"/static/{name}")
         assert response.status == 200
@@ -61,7 +65,7 @@ async def test_the_static_files_are_served(client: TestClient) -> None:
     assert (await client.get("/static/../pages.py")).status in (403, 404)
 
 
-async def test_filters_taken_from_the_query_are_escaped(client: TestClient) -> None:
+async def test_filters_taken_from_the_query_are_escaped(client: Client) -> None:
     async def page(path: str, **params: str) -> str:
         response = await client.get(path, params=params)
         assert response.status == 200
@@ -81,15 +85,15 @@ async def test_filters_taken_from_the_query_are_escaped(client: TestClient) -> N
 
 
 async def test_a_job_id_that_is_not_one_gets_a_404_page_with_the_text_escaped(
-    client: TestClient,
+    client: Client,
 ) -> None:
     html = await _page(client, "/jobs/%3Cscript%3Ealert(1)%3C%2Fscript%3E", status=404)
     assert SCRIPT not in html
     assert '<code id="missing">&lt;script&gt;alert(1)&lt;/script&gt;</code>' in html
 
 
-async def test_the_csrf_token_reaches_the_meta_tag_escaped(client: TestClient) -> None:
-    html = await _page(client, "/", **{"X-Test-Csrf": 'tok"><script>x</script>'})
+async def test_the_csrf_token_reaches_the_meta_tag_escaped(client: Client) -> None:
+    html = await _page(client, "/", headers={"X-Test-Csrf": 'tok"><script>x</script>'})
     assert '<meta name="csrf-token" content="tok&#34;&gt;&lt;script&gt;x&lt;/script&gt;">' in html
     client.session.cookie_jar.update_cookies({pages.CSRF_COOKIE: "from-cookie"})
     html = await _page(client, "/dlq")
@@ -97,16 +101,14 @@ async def test_the_csrf_token_reaches_the_meta_tag_escaped(client: TestClient) -
 
 
 @pytest.mark.parametrize("path", PAGES)
-async def test_operator_buttons_are_enabled_for_operators_only(
-    client: TestClient, path: str
-) -> None:
+async def test_operator_buttons_are_enabled_for_operators_only(client: Client, path: str) -> None:
     def buttons(html: str) -> list[str]:
         return re.findall(r"<button[^>]*class=\"op[^\"]*\"[^>]*>", html)
 
-    operator = await _page(client, path, **{"X-Test-Role": "operator"})
-    viewer = await _page(client, path, **{"X-Test-Role": "viewer"})
+    operator = await _page(client, path, headers={"X-Test-Role": "operator"})
+    viewer = await _page(client, path, headers={"X-Test-Role": "viewer"})
     anonymous = await _page(client, path)
-    forged = await _page(client, path, **{"X-Test-Role": "admin"})
+    forged = await _page(client, path, headers={"X-Test-Role": "admin"})
     assert 'data-role="operator"' in operator and 'data-role="viewer"' in viewer
     assert 'data-role="viewer"' in anonymous and 'data-role="viewer"' in forged
     if path == "/workers":

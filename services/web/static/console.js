@@ -332,6 +332,10 @@
     load(reply) {
       this.job = reply;
       this.tiles = reply.tiles.slice();
+      // deltas that arrived before this snapshot: re-applied, they cannot move a tile back
+      const early = this.early || [];
+      this.early = null;
+      this.merge(early);
       const maxW = Math.min(720, this.canvas.parentElement.clientWidth || 720);
       this.scale = Math.min(maxW / reply.width, 480 / reply.height);
       this.canvas.width = Math.max(1, Math.round(reply.width * this.scale));
@@ -339,11 +343,22 @@
       this.draw();
     }
     update(entries) {
+      if (!this.job) {
+        (this.early = this.early || []).push(...entries);
+        return;
+      }
+      this.merge(entries);
+      this.draw();
+    }
+    merge(entries) {
       for (const t of entries) {
         const old = this.tiles[t.index];
-        if (old) this.tiles[t.index] = Object.assign({}, old, t);
+        if (!old) continue;
+        if (old.state === "done" && t.state && t.state !== "done") continue; // a stale delta
+        const tile = Object.assign({}, old, t);
+        if (tile.state === "done") tile.samples_done = tile.spp;
+        this.tiles[t.index] = tile;
       }
-      this.draw();
     }
     draw() {
       if (this.queued) return;
@@ -569,15 +584,14 @@
     };
     const handlers = {
       tiles: (data) => {
-        if (!grid.tiles.length) refreshTilesSoon(); // planned since the page loaded
+        if (grid.job && !grid.tiles.length) refreshTilesSoon(); // planned since the page loaded
         grid.update(Array.isArray(data) ? data : data.tiles || []);
         legend();
         refreshPreview();
         refreshStatusSoon();
       },
       "tile-done": (data) => {
-        const t = grid.tiles[data.tile_index];
-        if (t) grid.update([{ index: t.index, state: "done", samples_done: t.spp, node: null }]);
+        grid.update([{ index: data.tile_index, state: "done", node: null }]);
         legend();
         refreshPreview();
         refreshStatusSoon();
