@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from PIL import Image
+from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import Page, Request, Route
 
 JOB_ID = "0190f3a2-7c1e-7abc-8def-0123456789ab"
@@ -104,6 +105,13 @@ class FakeFarm:
         return [(q, h, b) for m, p, q, h, b in self.seen if (m, p) == (method, path)]
 
     async def answer(self, route: Route, request: Request) -> None:
+        try:
+            await self._answer(route, request)
+        except PlaywrightError:
+            if not request.frame.page.is_closed():
+                raise  # else: a request still in flight when its page closed
+
+    async def _answer(self, route: Route, request: Request) -> None:
         url = urlsplit(request.url)
         query = parse_qs(url.query)
         body = request.post_data_json if request.method == "POST" else None

@@ -11,6 +11,7 @@ import asyncio
 import sys
 from pathlib import Path
 
+from tests.helpers import eventually
 from tests.web.browser import chromium
 from tests.web.fakefarm import JOB_ID, FakeFarm
 from tests.web.pagesapp import pages_app, serving
@@ -41,16 +42,24 @@ async def take(out: Path) -> list[Path]:
             await farm.install(page)
             await page.goto(str(server.make_url(path)))
             await page.locator(ready).first.wait_for()
+            if name == "jobs.png":
+                await eventually(
+                    lambda p=page: p.evaluate("!document.querySelector('#jobs .muted')"),
+                    what="every row's progress",
+                )
             if name == "job.png":
                 box = await page.locator("#tiles").bounding_box()
                 assert box is not None
                 await page.mouse.click(box["x"] + box["width"] - 3, box["y"] + box["height"] - 3)
-                await page.wait_for_function("document.getElementById('preview').complete")
+                await eventually(
+                    lambda p=page: p.evaluate("document.getElementById('preview').naturalWidth"),
+                    what="the preview",
+                )
             if name == "dlq.png":
                 await page.locator("#dlq tbody input[type=checkbox]").first.check()
                 await page.click("#dlq-dry-run")
                 await page.locator("#dlq-report-table tbody tr").first.wait_for()
-            await page.screenshot(path=out / name, full_page=True)
+            await page.screenshot(path=out / name, full_page=name != "jobs.png")
             saved.append(out / name)
             await page.close()
         await ctx.close()

@@ -227,7 +227,7 @@
         "tr",
         { "data-job": job.job_id },
         el("td", {}, thumb),
-        el("td", {}, el("a", { href: jobUrl(job.job_id), text: job.job_id.slice(0, 13) + "…", title: job.job_id })),
+        el("td", {}, el("a", { class: "id", href: jobUrl(job.job_id), text: job.job_id })),
         el("td", {}, el("span", { class: "state s-" + job.state, text: job.state })),
         el("td", { class: "project", text: job.project }),
         el("td", { text: job.renderer }),
@@ -641,7 +641,7 @@
         el("td", {}, box),
         el("td", { text: d.seq }),
         el("td", { text: when(d.time) }),
-        el("td", {}, d.job_id ? el("a", { href: jobUrl(d.job_id), text: d.job_id.slice(0, 13) + "…", title: d.job_id }) : ""),
+        el("td", {}, d.job_id ? el("a", { class: "id", href: jobUrl(d.job_id), text: d.job_id }) : ""),
         el("td", { text: d.unit || "" }),
         el("td", { text: d.reason || d.malformed || "" }),
         el("td", { text: d.deliveries === null ? "" : d.deliveries }),
@@ -773,6 +773,7 @@
         failed(err);
       }
     }
+    $("#live").textContent = "every 2 s";
     refresh();
     setInterval(refresh, 2000);
   }
