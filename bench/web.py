@@ -65,7 +65,10 @@ class Console:
 def running_console(data_dir: Path) -> Iterator[Console]:
     """``tessera up`` on ``data_dir``, its console answering; Ctrl-C'd (and waited) afterwards."""
     port, viewer, operator = free_port(), secrets.token_hex(16), secrets.token_hex(16)
-    env = os.environ | {"TESSERA_WEB_PORT": str(port), "TESSERA_WEB_TOKEN": f"{viewer},{operator}"}
+    env = os.environ | {
+        "TESSERA_WEB_PORT": str(port),
+        "TESSERA_WEB_TOKEN": f"viewer:{viewer},operator:{operator}",
+    }
     argv = [sys.executable, "-m", "services.cli", "up", "--data-dir", str(data_dir)]
     err = (data_dir.parent / f"{data_dir.name}.up-stderr").open("w")
     up = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, env=env)

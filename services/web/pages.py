@@ -8,14 +8,16 @@ templates do render from a request (the job id of ``/jobs/{id}``, the filters of
 scripts, so even a missed escape could not run.
 
 Who is asking is the authentication middleware's business (``services.web.auth``): it stores
-the caller's role in ``request[ROLE]`` (``viewer`` or ``operator``) and, for a cookie session,
-the double-submit token in ``request[CSRF]`` (else the ``tessera_csrf`` cookie is used). A page
-without a role renders for a viewer: the operator buttons are disabled (the API checks the role
-again; the buttons only spare a viewer a 403).
+the caller's role under its ``ROLE_KEY`` (``viewer`` or ``operator``; :data:`ROLE` here) and
+hands out the double-submit CSRF token (``csrf_token(request)``; without that middleware,
+``request[CSRF]`` or the ``tessera_csrf`` cookie). A page without a role renders for a viewer:
+the operator buttons are disabled (the API checks the role again; the buttons only spare a
+viewer a 403).
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 from typing import Any
@@ -25,10 +27,23 @@ from aiohttp import web
 
 __all__ = ["CSRF", "CSRF_COOKIE", "ROLE", "setup"]
 
-ROLE = web.RequestKey("tessera_role", str)
+
+def _auth_module() -> Any:
+    try:  # guarded only until services.web.auth lands (the integrator removes the guard)
+        return importlib.import_module("services.web.auth")
+    except ModuleNotFoundError as exc:
+        if exc.name != "services.web.auth":
+            raise
+        return None
+
+
+_AUTH = _auth_module()
+ROLE: web.RequestKey[str] = (
+    _AUTH.ROLE_KEY if _AUTH is not None else web.RequestKey("tessera_role", str)
+)
 """The caller's role (``viewer`` or ``operator``), set by the authentication middleware."""
-CSRF = web.RequestKey("tessera_csrf", str)
-"""The caller's CSRF token (double submit), set by the authentication middleware."""
+CSRF = web.RequestKey("tessera_page_csrf", str)
+"""A CSRF token for the page when no authentication middleware hands one out (tests)."""
 CSRF_COOKIE = "tessera_csrf"
 """The cookie holding the CSRF token of a cookie session."""
 
@@ -82,10 +97,19 @@ def _filter(request: web.Request, name: str) -> str:
     return value if len(value) <= _MAX_FILTER else ""
 
 
+def _csrf(request: web.Request) -> str:
+    if _AUTH is not None:
+        try:
+            return str(_AUTH.csrf_token(request))
+        except KeyError:  # no authentication middleware in this app
+            pass
+    return request.get(CSRF) or request.cookies.get(CSRF_COOKIE, "")
+
+
 def render(request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
     """``template`` rendered for this caller, with the security headers."""
     role = request.get(ROLE, "viewer")
-    csrf = request.get(CSRF) or request.cookies.get(CSRF_COOKIE, "")
+    csrf = _csrf(request)
     static = request.app.router["static"]
 
     def static_url(name: str) -> str:

@@ -138,8 +138,8 @@ class FakeFarm:
             return png((200, 120, 40))
         if path.endswith("/events"):
             return sse(
-                ("tiles", {"job_id": JOB_ID, "tiles": [{"index": 2000, "state": "done",
-                                                        "samples_done": 64}]}),
+                ("tiles", {"job_id": JOB_ID, "full": False,
+                           "tiles": [{"index": 2000, "state": "done", "samples_done": 64}]}),
                 ("tile-done", {"job_id": JOB_ID, "tile_index": 2001, "attempt_id": "a",
                                "result_key": "r", "input_hash": "h"}),
             )  # fmt: skip

@@ -241,8 +241,8 @@ async def _tile_rgb(page: Page, index: int) -> tuple[int, ...] | None:
 # ---- the whole flow against `tessera up` --------------------------------------------------
 
 VIEWER_TOKEN, OPERATOR_TOKEN = "viewer-tok-0123456789", "operator-tok-0123456789"
-#: TESSERA_WEB_TOKEN's form (services.web.auth): the viewer's token, then the operator's
-WEB_TOKEN = f"{VIEWER_TOKEN},{OPERATOR_TOKEN}"
+#: TESSERA_WEB_TOKEN's form (services.web.auth): ``role:TOKEN`` entries
+WEB_TOKEN = f"viewer:{VIEWER_TOKEN},operator:{OPERATOR_TOKEN}"
 #: a scene POV-Ray cannot parse: its tile is dead-lettered (renderer_failed), error text and all
 BROKEN_POV = (
     "#version 3.7;\ncamera { location <0, 0, -3> look_at 0 }\n"

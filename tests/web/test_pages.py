@@ -92,9 +92,18 @@ async def test_a_job_id_that_is_not_one_gets_a_404_page_with_the_text_escaped(
     assert '<code id="missing">&lt;script&gt;alert(1)&lt;/script&gt;</code>' in html
 
 
-async def test_the_csrf_token_reaches_the_meta_tag_escaped(client: Client) -> None:
-    html = await _page(client, "/", headers={"X-Test-Csrf": 'tok"><script>x</script>'})
-    assert '<meta name="csrf-token" content="tok&#34;&gt;&lt;script&gt;x&lt;/script&gt;">' in html
+@pytest.mark.parametrize("path", PAGES)
+async def test_the_csrf_token_reaches_the_meta_tag_and_the_logout_form_escaped(
+    client: Client, path: str
+) -> None:
+    html = await _page(client, path, headers={"X-Test-Csrf": 'tok"><script>x</script>'})
+    escaped = "tok&#34;&gt;&lt;script&gt;x&lt;/script&gt;"
+    assert f'<meta name="csrf-token" content="{escaped}">' in html
+    assert f'<input type="hidden" name="csrf_token" value="{escaped}">' in html
+    assert '<form class="logout" method="post" action="/logout">' in html
+
+
+async def test_without_a_middleware_token_the_csrf_cookie_is_used(client: Client) -> None:
     client.session.cookie_jar.update_cookies({pages.CSRF_COOKIE: "from-cookie"})
     html = await _page(client, "/dlq")
     assert '<meta name="csrf-token" content="from-cookie">' in html

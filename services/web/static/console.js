@@ -98,7 +98,10 @@
     }
     if (!reply.ok) {
       const err = (data && data.error) || {};
-      if (reply.status === 401) notice("Not signed in: the API refused the request (401).");
+      if (reply.status === 401) {
+        // the session expired (or the token was rotated): log in again, then come back here
+        location.assign("/login?next=" + encodeURIComponent(location.pathname + location.search));
+      }
       throw new ApiError(reply.status, err.code || String(reply.status), err.message || reply.statusText);
     }
     return data;
@@ -584,8 +587,10 @@
     };
     const handlers = {
       tiles: (data) => {
-        if (grid.job && !grid.tiles.length) refreshTilesSoon(); // planned since the page loaded
-        grid.update(Array.isArray(data) ? data : data.tiles || []);
+        // `full`: the whole grid (sent when the stream opens), else the tiles that changed
+        if (data.full && Array.isArray(data.tiles) && data.tile_size) grid.load(data);
+        else if (grid.job && !grid.tiles.length) refreshTilesSoon(); // planned since loaded
+        grid.update(data.full ? [] : Array.isArray(data) ? data : data.tiles || []);
         legend();
         refreshPreview();
         refreshStatusSoon();
