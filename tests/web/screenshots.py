@@ -11,6 +11,8 @@ import asyncio
 import sys
 from pathlib import Path
 
+from playwright.async_api import Page
+
 from tests.helpers import eventually
 from tests.web.browser import chromium
 from tests.web.fakefarm import JOB_ID, FakeFarm
@@ -22,6 +24,13 @@ PAGES = {
     "dlq.png": ("/dlq", "#dlq tbody tr"),
     "workers.png": ("/workers", "#workers tbody tr"),
 }
+
+
+async def _holds(page: Page, expression: str, what: str) -> None:
+    async def check() -> bool:
+        return bool(await page.evaluate(expression))
+
+    await eventually(check, what=what)
 
 
 async def take(out: Path) -> list[Path]:
@@ -43,18 +52,12 @@ async def take(out: Path) -> list[Path]:
             await page.goto(str(server.make_url(path)))
             await page.locator(ready).first.wait_for()
             if name == "jobs.png":
-                await eventually(
-                    lambda p=page: p.evaluate("!document.querySelector('#jobs .muted')"),
-                    what="every row's progress",
-                )
+                await _holds(page, "!document.querySelector('#jobs .muted')", "every progress")
             if name == "job.png":
                 box = await page.locator("#tiles").bounding_box()
                 assert box is not None
                 await page.mouse.click(box["x"] + box["width"] - 3, box["y"] + box["height"] - 3)
-                await eventually(
-                    lambda p=page: p.evaluate("document.getElementById('preview').naturalWidth"),
-                    what="the preview",
-                )
+                await _holds(page, "document.getElementById('preview').naturalWidth", "preview")
             if name == "dlq.png":
                 await page.locator("#dlq tbody input[type=checkbox]").first.check()
                 await page.click("#dlq-dry-run")
