@@ -45,7 +45,15 @@ def status(job_id: str, project: str, error: str | None) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def tiles(error: str) -> dict[str, Any]:
+#: the columns of a job.tiles row (proto.api_replies.TILE_COLUMNS)
+COLUMNS = ["index", "x", "y", "w", "h", "state", "samples_done", "spp", "attempts", "takeovers",
+           "resumes", "last_error_code", "last_error", "node"]  # fmt: skip
+#: job.tiles rows per reply: the 4,096 tiles come in two pages (next_offset)
+PAGE = 3000
+
+
+def tiles(error: str, offset: int) -> dict[str, Any]:
+    """A job.tiles reply: compact rows of :data:`COLUMNS` from ``offset``, paged."""
     out = []
     for i in range(SIDE * SIDE):
         state = "done" if i < 1000 else "progressing" if i < 1100 else "queued"
@@ -60,8 +68,12 @@ def tiles(error: str) -> dict[str, Any]:
             "last_error": error if failed else None,
             "node": "worker-1" if state == "progressing" else None,
         })  # fmt: skip
+    rows = [[t[c] for c in COLUMNS] for t in out[offset : offset + PAGE]]
+    following = offset + PAGE if offset + PAGE < len(out) else None
     return {"job_id": JOB_ID, "width": SIDE * TILE, "height": SIDE * TILE, "tile_size": TILE,
-            "renderer": "tessera", "state": "progressing", "tiles": out}  # fmt: skip
+            "renderer": "tessera", "state": "progressing", "spp": 64, "tiles_total": len(out),
+            "columns": COLUMNS, "tiles": rows, "offset": offset,
+            "next_offset": following}  # fmt: skip
 
 
 def png(colour: tuple[int, int, int], size: int = 64) -> bytes:
@@ -144,11 +156,12 @@ class FakeFarm:
                                "result_key": "r", "input_hash": "h"}),
             )  # fmt: skip
         if path == job + "/tiles":
-            return tiles(str(self.error))
+            return tiles(str(self.error), int(query.get("offset", ["0"])[0]))
         if path == job + "/timeline":
-            events = [{"id": 100 - i, "at": "2026-12-01T19:14:35+00:00", "kind": "tile_failed",
-                       "tile_index": i, "attempt_id": "a", "node": "worker-1",
-                       "detail": self.error, "error_code": "kernel_failure"}
+            events = [{"id": 100 - i, "at": "2026-12-01T19:14:35+00:00", "kind": "fail",
+                       "entity": "tile", "tile_index": i, "attempt_id": "a", "node": "worker-1",
+                       "from_state": "progressing", "to_state": "failed_retryable",
+                       "detail": self.error, "error_code": "kernel_failure", "error": self.error}
                       for i in range(5)]  # fmt: skip
             return {"job_id": JOB_ID, "events": events, "next_before_id": None}
         if path.startswith("/api/jobs/") and path.count("/") == 3 and method == "GET":
@@ -180,5 +193,5 @@ class FakeFarm:
             return {"workers": [{"node": self.node, "threads": 2, "in_hand": 2,
                                  "renderers": {"tessera": "1", "povray": "3.7.0.10"},
                                  "version": "0.1.0", "started_at": "2026-12-01T19:00:00+00:00",
-                                 "current_tiles": [f"{JOB_ID}:1000"]}]}  # fmt: skip
+                                 "current_tiles": [[JOB_ID, 1000]]}]}  # fmt: skip
         return None

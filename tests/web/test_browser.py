@@ -144,6 +144,10 @@ async def test_the_job_page_draws_4096_tiles_on_a_canvas_and_applies_the_event_d
     timeline = page.locator("#timeline tbody td.detail")
     await timeline.first.wait_for()
     assert await timeline.first.text_content() == HOSTILE
+    error = page.locator("#timeline tbody td.error-text").first
+    assert await error.text_content() == "kernel_failure: " + HOSTILE
+    offsets = [q.get("offset") for q, _, _ in farm.requests("GET", f"/api/jobs/{JOB_ID}/tiles")]
+    assert offsets == [None, ["3000"]], "the second page of tiles was fetched"
     src = await eventually(
         lambda: page.locator("#preview").get_attribute("src"), what="the preview loads"
     )

@@ -319,6 +319,28 @@
 
   // ---- one job ----------------------------------------------------------------------------
 
+  /** The tiles of a job.tiles reply (or a `tiles` event) as objects: rows of `columns`, or objects. */
+  function tileEntries(reply) {
+    const rows = Array.isArray(reply) ? reply : reply.tiles || [];
+    const columns = reply.columns;
+    if (!Array.isArray(columns)) return rows;
+    return rows.map((row) => (Array.isArray(row) ? Object.fromEntries(columns.map((c, i) => [c, row[i]])) : row));
+  }
+
+  /** Every tile of the job: the first reply, then its further pages (`next_offset`). */
+  async function allTiles(path) {
+    const first = await api(path);
+    const tiles = tileEntries(first);
+    let next = first.next_offset;
+    while (next !== null && next !== undefined && next > tiles.length - 1) {
+      const page = await api(path + "?offset=" + encodeURIComponent(next));
+      if (page.offset !== undefined && page.offset !== next) break; // offset not honoured
+      tiles.push(...tileEntries(page));
+      next = page.next_offset;
+    }
+    return Object.assign({}, first, { tiles: tiles });
+  }
+
   /** The tile grid on a canvas: one fillRect per tile, redrawn on the next animation frame. */
   class TileGrid {
     constructor(canvas, onPick) {
@@ -334,7 +356,7 @@
     }
     load(reply) {
       this.job = reply;
-      this.tiles = reply.tiles.slice();
+      this.tiles = tileEntries(reply);
       // deltas that arrived before this snapshot: re-applied, they cannot move a tile back
       const early = this.early || [];
       this.early = null;
@@ -509,7 +531,7 @@
 
     async function refreshTiles() {
       try {
-        grid.load(await api(apiJob(id) + "/tiles"));
+        grid.load(await allTiles(apiJob(id) + "/tiles"));
         legend();
       } catch (err) {
         if (!(err instanceof ApiError && err.status === 404)) failed(err);
@@ -529,14 +551,17 @@
     }, 1000);
 
     function timelineRow(e) {
+      const moved = e.to_state ? (e.from_state || "·") + " → " + e.to_state : "";
+      const error = e.error_code ? e.error_code + (e.error ? ": " + e.error : "") : e.error || "";
       return el(
         "tr", {},
         el("td", { text: when(e.at) }),
         el("td", { text: e.kind }),
-        el("td", { text: e.tile_index === null ? "" : e.tile_index }),
+        el("td", { text: e.tile_index === null || e.tile_index === undefined ? "" : e.tile_index }),
+        el("td", { text: moved }),
         el("td", { text: e.node || "" }),
         el("td", { class: "detail", text: e.detail || "" }),
-        el("td", { class: "error-text", text: e.error_code || "" }),
+        el("td", { class: "error-text", text: error }),
       );
     }
 
@@ -590,7 +615,7 @@
         // `full`: the whole grid (sent when the stream opens), else the tiles that changed
         if (data.full && Array.isArray(data.tiles) && data.tile_size) grid.load(data);
         else if (grid.job && !grid.tiles.length) refreshTilesSoon(); // planned since loaded
-        grid.update(data.full ? [] : Array.isArray(data) ? data : data.tiles || []);
+        grid.update(data.full ? [] : tileEntries(data));
         legend();
         refreshPreview();
         refreshStatusSoon();
@@ -657,7 +682,7 @@
     async function load(after) {
       const q = new URLSearchParams({ limit: String(PAGE_SIZE) });
       if (jobFilter()) q.set("job_id", jobFilter());
-      if (after) q.set("after", after);
+      if (after) q.set("cursor", after);
       const reply = await api("/api/dlq?" + q);
       const letters = reply.dead_letters || [];
       tbody.replaceChildren(...letters.map(row));
@@ -748,6 +773,7 @@
 
   // a worker's current tile: "<job>:<index>" as a string, or an object naming them
   function tileName(t) {
+    if (Array.isArray(t)) return String(t[0]).slice(0, 8) + ":" + t[1];
     if (t === null || typeof t !== "object") return String(t);
     const job = t.job_id ? String(t.job_id).slice(0, 8) : "?";
     return job + ":" + (t.tile_index !== undefined ? t.tile_index : t.index);
