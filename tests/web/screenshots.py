@@ -1,8 +1,11 @@
-"""``python -m tests.web.screenshots DIR``: the screenshots of ``docs/web.md`` (``docs/web/``).
+"""``python -m tests.web.screenshots DIR``: the jobs list and the 4,096-tile job of
+``docs/web.md`` (``docs/web/jobs.png``, ``job.png``).
 
-The four pages drawn by headless Chromium from contract-shaped replies (:mod:`tests.web.fakefarm`,
-with plain names instead of the tests' hostile text), so the pictures do not depend on a farm's
-timing. The browser test against ``tessera up`` saves screenshots of a real run as artifacts.
+Drawn by headless Chromium from contract-shaped replies (:mod:`tests.web.fakefarm`, with plain
+names instead of the tests' hostile text): a list of 50 jobs and a 4,096-tile grid, which a
+test farm would take long to produce. The other pictures (``job-live.png``, ``dlq.png``,
+``workers.png``) are the browser test's of a real ``tessera up`` run
+(``TESSERA_SCREENSHOTS=DIR pytest tests/web/test_browser.py -k whole_flow``).
 """
 
 from __future__ import annotations
@@ -21,8 +24,6 @@ from tests.web.pagesapp import pages_app, serving
 PAGES = {
     "jobs.png": ("/", "#jobs .progress-cell .progress"),
     "job.png": (f"/jobs/{JOB_ID}", "#timeline tbody tr"),
-    "dlq.png": ("/dlq", "#dlq tbody tr"),
-    "workers.png": ("/workers", "#workers tbody tr"),
 }
 
 
@@ -58,10 +59,6 @@ async def take(out: Path) -> list[Path]:
                 assert box is not None
                 await page.mouse.click(box["x"] + box["width"] - 3, box["y"] + box["height"] - 3)
                 await _holds(page, "document.getElementById('preview').naturalWidth", "preview")
-            if name == "dlq.png":
-                await page.locator("#dlq tbody input[type=checkbox]").first.check()
-                await page.click("#dlq-dry-run")
-                await page.locator("#dlq-report-table tbody tr").first.wait_for()
             await page.screenshot(path=out / name, full_page=name != "jobs.png")
             saved.append(out / name)
             await page.close()

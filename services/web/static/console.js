@@ -743,6 +743,7 @@
       )));
     }
 
+    $("#live").hidden = true; // no event stream on this page: it changes when you act
     $("#dlq-dry-run").addEventListener("click", () => requeue(true));
     $("#dlq-requeue").addEventListener("click", () => {
       if (confirm("Requeue these dead letters?")) requeue(false);
