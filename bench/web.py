@@ -116,20 +116,28 @@ async def _answers(console: Console, up: subprocess.Popen[str]) -> None:
 
 async def _paused_job(http: aiohttp.ClientSession, console: Console) -> str:
     body = {"project": "bench", "scene": "cornell", "width": 32, "height": 32, "spp": 60000,
-            "tile_size": 16}  # fmt: skip
+            "tile_size": 16, "idempotency_key": f"bench-web-{uuid.uuid4().hex}"}  # fmt: skip
     async with http.post(console.base + "/api/jobs", json=body) as reply:
         reply.raise_for_status()
         job_id = str((await reply.json())["job_id"])
-    async with http.post(f"{console.base}/api/jobs/{job_id}/pause", json={}) as reply:
-        reply.raise_for_status()
-    return job_id
+    deadline = time.monotonic() + _TIMEOUT
+    while True:  # a job is paused once planned (409 before)
+        async with http.post(f"{console.base}/api/jobs/{job_id}/pause", json={}) as reply:
+            if reply.status == 200:
+                return job_id
+            if reply.status != 409 or time.monotonic() > deadline:
+                raise RuntimeError(f"pause: {reply.status} {await reply.text()}")
+        await asyncio.sleep(0.1)
 
 
 async def _open_pages(browser: Browser, console: Console, job_id: str, count: int) -> list[Page]:
-    ctx = await browser.new_context(extra_http_headers=console.headers())
-    await ctx.add_init_script(_HOOK)
+    """``count`` pages of the job, each in its own browser context (as ``count`` users): one
+    browser profile holds at most 6 HTTP/1.1 connections to an origin, and every page's event
+    stream keeps one open."""
     pages = []
     for _ in range(count):
+        ctx = await browser.new_context(extra_http_headers=console.headers())
+        await ctx.add_init_script(_HOOK)
         page = await ctx.new_page()
         await page.goto(f"{console.base}/jobs/{job_id}")
         deadline = time.monotonic() + _TIMEOUT
