@@ -33,7 +33,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "service": ("shared.service",),
     "kernel": ("kernel",),
     "services": tuple(
-        f"services.{s}" for s in ("gateway", "scheduler", "worker", "finalizer", "client")
+        f"services.{s}" for s in ("gateway", "scheduler", "worker", "finalizer", "client", "web")
     ),
     "command": ("services.cli",),
     "root": ("shared", "services"),  # the empty package roots themselves
