@@ -111,6 +111,8 @@ async def test_the_jobs_page_writes_hostile_text_as_text_and_pages_with_after(
         lambda: _count_is(page.locator("#jobs tbody tr"), 10), what="the second page shows"
     )
     assert farm.requests("GET", "/api/jobs")[-1][0]["after"] == ["cursor-2"]
+    statuses = [p for m, p, *_ in farm.seen if m == "GET" and p.count("/") == 3]
+    assert len(statuses) <= 60, "a status per row shown, never per job of the farm"
     assert await page.locator("#page-next").is_disabled()
     await _no_markup_ran(page)
 

@@ -351,16 +351,17 @@
       this.scale = 1;
       this.picked = null;
       this.queued = false;
+      this.pending = [];
       canvas.addEventListener("mousemove", (e) => this.hover(e, onPick, false));
       canvas.addEventListener("click", (e) => this.hover(e, onPick, true));
     }
     load(reply) {
       this.job = reply;
       this.tiles = tileEntries(reply);
-      // deltas that arrived before this snapshot: re-applied, they cannot move a tile back
-      const early = this.early || [];
-      this.early = null;
-      this.merge(early);
+      // deltas for tiles the grid did not hold yet: re-applied, they cannot move a tile back
+      const pending = this.pending;
+      this.pending = [];
+      this.merge(pending);
       const maxW = Math.min(720, this.canvas.parentElement.clientWidth || 720);
       this.scale = Math.min(maxW / reply.width, 480 / reply.height);
       this.canvas.width = Math.max(1, Math.round(reply.width * this.scale));
@@ -368,19 +369,23 @@
       this.draw();
     }
     update(entries) {
-      if (!this.job) {
-        (this.early = this.early || []).push(...entries);
-        return;
-      }
       this.merge(entries);
-      this.draw();
+      if (this.job) this.draw();
     }
     merge(entries) {
       for (const t of entries) {
         const old = this.tiles[t.index];
-        if (!old) continue;
+        if (!old) {
+          // not in the grid yet (no snapshot, or only its first page): kept for the next one
+          this.pending.push(t);
+          if (this.pending.length > 20000) this.pending.splice(0, this.pending.length - 20000);
+          continue;
+        }
         if (old.state === "done" && t.state && t.state !== "done") continue; // a stale delta
         const tile = Object.assign({}, old, t);
+        if ((t.state === undefined || t.state === old.state) && t.samples_done < old.samples_done) {
+          tile.samples_done = old.samples_done; // an older checkpoint than the grid's
+        }
         if (tile.state === "done") tile.samples_done = tile.spp;
         this.tiles[t.index] = tile;
       }
@@ -505,6 +510,7 @@
       error.textContent = s.last_error_code ? s.last_error_code + ": " + (s.last_error || "") : "";
       const priority = $("#priority");
       if (document.activeElement !== priority) priority.value = s.priority;
+      priority.disabled = !OPERATOR || FINAL.has(s.state);
       const links = $("#result-links");
       links.hidden = s.state !== "completed";
       $("#result-png").href = apiJob(s.job_id) + "/image.png";
@@ -612,10 +618,15 @@
     };
     const handlers = {
       tiles: (data) => {
-        // `full`: the whole grid (sent when the stream opens), else the tiles that changed
-        if (data.full && Array.isArray(data.tiles) && data.tile_size) grid.load(data);
-        else if (grid.job && !grid.tiles.length) refreshTilesSoon(); // planned since loaded
-        grid.update(data.full ? [] : tileEntries(data));
+        // `full` (when the stream opens): every tile, or its first page; else what changed
+        const entries = tileEntries(data);
+        if (data.full && !grid.job && data.tile_size) {
+          grid.load(data);
+          if ((data.tiles_total || 0) > entries.length) refreshTilesSoon();
+        } else {
+          if (grid.job && grid.tiles.length < entries.length) refreshTilesSoon(); // planned since
+          grid.update(entries);
+        }
         legend();
         refreshPreview();
         refreshStatusSoon();
