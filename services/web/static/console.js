@@ -352,8 +352,9 @@
       this.picked = null;
       this.queued = false;
       this.pending = [];
-      canvas.addEventListener("mousemove", (e) => this.hover(e, onPick, false));
-      canvas.addEventListener("click", (e) => this.hover(e, onPick, true));
+      this.onPick = onPick;
+      canvas.addEventListener("mousemove", (e) => this.hover(e, false));
+      canvas.addEventListener("click", (e) => this.hover(e, true));
     }
     load(reply) {
       this.job = reply;
@@ -400,6 +401,7 @@
     }
     paint() {
       const { ctx, scale } = this;
+      if (this.picked !== null && this.tiles[this.picked]) this.onPick(this.tiles[this.picked]);
       ctx.clearRect(0, 0, this.canvas.width, this.canvas.height);
       for (const t of this.tiles) {
         const x = t.x * scale, y = t.y * scale, w = t.w * scale, h = t.h * scale;
@@ -435,13 +437,13 @@
       const inside = (t) => t && px >= t.x && px < t.x + t.w && py >= t.y && py < t.y + t.h;
       return inside(guess) ? guess : this.tiles.find(inside) || null;
     }
-    hover(event, onPick, sticky) {
+    hover(event, sticky) {
       const tile = this.at(event);
       if (!tile) return;
       if (sticky) this.picked = tile.index;
       else if (this.picked !== null) return;
       this.draw();
-      onPick(tile);
+      this.onPick(tile);
     }
   }
 
