@@ -31,6 +31,8 @@ from tests.web.browser import chromium
 from tests.web.fakefarm import HOSTILE, JOB_ID, FakeFarm
 from tests.web.pagesapp import pages_app, serving
 
+#: seconds a page may take to show something (Chromium shares 2 cores with the suite)
+WAIT = 30.0
 #: tile state colours of console.js, as RGB
 DONE, QUEUED, FAILED = (0x2E, 0x9E, 0x5B), (0x5A, 0x62, 0x70), (0xC0, 0x39, 0x2B)
 
@@ -101,6 +103,7 @@ async def test_the_jobs_page_writes_hostile_text_as_text_and_pages_with_after(
     await eventually(
         lambda: page.locator("#jobs .progress-cell .progress").count(),
         what="the rows show their progress",
+        timeout=WAIT,
     )
     assert await page.locator("#jobs tbody tr").count() == 50
     (query, _, _), *_ = farm.requests("GET", "/api/jobs")
@@ -108,7 +111,9 @@ async def test_the_jobs_page_writes_hostile_text_as_text_and_pages_with_after(
     await page.screenshot(path=shots / "jobs.png", full_page=True)
     await page.click("#page-next")
     await eventually(
-        lambda: _count_is(page.locator("#jobs tbody tr"), 10), what="the second page shows"
+        lambda: _count_is(page.locator("#jobs tbody tr"), 10),
+        what="the second page shows",
+        timeout=WAIT,
     )
     assert farm.requests("GET", "/api/jobs")[-1][0]["after"] == ["cursor-2"]
     statuses = [p for m, p, *_ in farm.seen if m == "GET" and p.count("/") == 3]
@@ -125,8 +130,10 @@ async def test_the_job_page_draws_4096_tiles_on_a_canvas_and_applies_the_event_d
     summary = page.locator("#tiles-summary")
 
     # 1000 done at load, then the SSE `tiles` delta (2000) and `tile-done` (2001)
-    await eventually(lambda: summary.text_content(), what="the grid is drawn")
-    await eventually(lambda: _text_is(summary, "1002 / 4096 done"), what="both SSE events applied")
+    await eventually(lambda: summary.text_content(), what="the grid is drawn", timeout=WAIT)
+    await eventually(
+        lambda: _text_is(summary, "1002 / 4096 done"), what="both SSE events applied", timeout=WAIT
+    )
     assert await page.locator("#tiles-panel canvas, canvas").count() == 1
     assert await page.locator("#tiles ~ *").count() < 50, "no DOM node per tile"
     await page.evaluate(
@@ -141,7 +148,7 @@ async def test_the_job_page_draws_4096_tiles_on_a_canvas_and_applies_the_event_d
     scale = box["width"] / 512
     await page.mouse.move(box["x"] + 508 * scale, box["y"] + 508 * scale)  # tile 4095
     detail = page.locator("#tile-detail")
-    await eventually(lambda: _contains(detail, "#4095"), what="hover shows the tile")
+    await eventually(lambda: _contains(detail, "#4095"), what="hover shows the tile", timeout=WAIT)
     text = await detail.text_content() or ""
     assert HOSTILE in text and "Attempts3" in text and "Takeovers1" in text, text
     assert "Resumes2" in text
@@ -155,14 +162,18 @@ async def test_the_job_page_draws_4096_tiles_on_a_canvas_and_applies_the_event_d
     offsets = [q.get("offset") for q, _, _ in farm.requests("GET", f"/api/jobs/{JOB_ID}/tiles")]
     assert offsets == [None, ["3000"]], "the second page of tiles was fetched"
     src = await eventually(
-        lambda: page.locator("#preview").get_attribute("src"), what="the preview loads"
+        lambda: page.locator("#preview").get_attribute("src"),
+        what="the preview loads",
+        timeout=WAIT,
     )
     assert "/preview.png?max_edge=512" in src
     await page.screenshot(path=shots / "job.png", full_page=True)
     await _no_markup_ran(page)
 
     await page.click("#controls button[data-action=pause]")
-    await eventually(lambda: farm.requests("POST", f"/api/jobs/{JOB_ID}/pause"), what="paused")
+    await eventually(
+        lambda: farm.requests("POST", f"/api/jobs/{JOB_ID}/pause"), what="paused", timeout=WAIT
+    )
     _, headers, body = farm.requests("POST", f"/api/jobs/{JOB_ID}/pause")[0]
     assert headers["x-csrf-token"] == "csrf-123" and body == {}
 
@@ -178,7 +189,7 @@ async def test_the_dead_letter_page_previews_then_requeues_the_selected_letters(
     await page.locator("#dlq tbody input[type=checkbox]").first.check()
     await page.click("#dlq-dry-run")
     await eventually(lambda: _contains(page.locator("#dlq-report-title"), "dry run"),
-                     what="the dry-run report shows")  # fmt: skip
+                     what="the dry-run report shows", timeout=WAIT)  # fmt: skip
     ((_, headers, body),) = farm.requests("POST", "/api/dlq/requeue")
     assert body == {"dry_run": True, "seqs": [7]} and headers["x-csrf-token"] == "csrf-123"
     assert await page.locator("#dlq-report-table td").nth(4).text_content() == HOSTILE
@@ -186,7 +197,7 @@ async def test_the_dead_letter_page_previews_then_requeues_the_selected_letters(
     await page.locator("#dlq tbody input[type=checkbox]").first.check()
     await page.click("#dlq-requeue")
     await eventually(lambda: _text_is(page.locator("#dlq-report-title"), "Requeued"),
-                     what="the requeue report shows")  # fmt: skip
+                     what="the requeue report shows", timeout=WAIT)  # fmt: skip
     assert farm.requests("POST", "/api/dlq/requeue")[-1][2] == {"dry_run": False, "seqs": [7]}
     await _no_markup_ran(page)
 
@@ -212,7 +223,7 @@ async def test_a_viewer_gets_disabled_buttons(browser: Browser, pages_url: str) 
     try:
         page = await _open(ctx, f"{pages_url}/jobs/{JOB_ID}", FakeFarm())
         await eventually(lambda: _contains(page.locator("#job-state"), "progressing"),
-                         what="the status shows")  # fmt: skip
+                         what="the status shows", timeout=WAIT)  # fmt: skip
         buttons = page.locator("#controls button")
         assert await buttons.count() == 5
         for i in range(5):
