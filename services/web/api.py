@@ -205,8 +205,9 @@ async def priority(request: web.Request) -> web.Response:
 
 
 async def tiles(request: web.Request) -> web.Response:
-    """Every tile of a job (``job.tiles``)."""
-    return _json(await _call(_client(request), ApiVerb("job.tiles"), {"job_id": _job(request)}))
+    """A job's tiles, a page from ``offset`` (``job.tiles``: follow ``next_offset``)."""
+    body = {"job_id": _job(request), "offset": _int(request, "offset")}
+    return _json(await _call(_client(request), ApiVerb("job.tiles"), body))
 
 
 async def timeline(request: web.Request) -> web.Response:
@@ -639,8 +640,9 @@ def _routes() -> list[Route]:
             "GET",
             "/api/jobs/{id}/tiles",
             tiles,
-            "every tile of a job",
+            "a job's tiles (one page: follow next_offset)",
             "job.tiles",
+            query=(Param("offset", {"type": "integer"}, "next_offset of the page before"),),
             path_params=_ID,
         ),
         Route(

@@ -10,7 +10,6 @@ exception a logged 500 that leaks nothing). The page routes are :mod:`services.w
 from __future__ import annotations
 
 import html
-import importlib
 from collections.abc import Mapping
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -21,6 +20,7 @@ from nats.aio.client import Client as NATS
 
 from proto.limits import MAX_REQUEST_BYTES
 from services.client.api import TesseraClient
+from services.web import pages
 from services.web.api import (
     CLIENT_KEY,
     EVENT_ROUTES,
@@ -99,7 +99,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 _LOGIN = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Tessera: log in</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<link rel="stylesheet" href="/static/app.css"></head>
+<link rel="stylesheet" href="/static/console.css"></head>
 <body class="login"><main><h1>Tessera</h1>
 <form method="post" action="/login">
 <input type="hidden" name="next" value="{next}">
@@ -172,16 +172,5 @@ def build_app(settings: Settings, client: TesseraClient, nc: NATS) -> web.Applic
 
     app.on_shutdown.append(stop_streams)
     app.on_response_prepare.append(auth.on_prepare)
-    _setup_pages(app)
-    return app
-
-
-def _setup_pages(app: web.Application) -> None:
-    """The console's pages (:mod:`services.web.pages`), where that module exists."""
-    try:  # guarded only until the pages land (the integrator removes the guard)
-        pages = importlib.import_module("services.web.pages")
-    except ModuleNotFoundError as exc:
-        if exc.name != "services.web.pages":
-            raise
-        return
     pages.setup(app)
+    return app
