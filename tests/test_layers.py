@@ -35,7 +35,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "service": ("shared.service",),
     "kernel": ("kernel",),
     "services": tuple(
-        f"services.{s}" for s in ("gateway", "scheduler", "worker", "finalizer", "client", "web")
+        f"services.{s}" for s in ("gateway", "scheduler", "worker", "finalizer", "client")
     ),
     "console": ("services.web",),
     "command": ("services.cli",),
