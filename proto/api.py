@@ -25,7 +25,8 @@ subject                   schema              fields (defaults)
 ``tessera.api.list``      ListRequest         state, limit (100), cursor
 ``.dlq.list``             DlqListRequest      job_id, limit (100), cursor
 ``.dlq.show``             DlqShowRequest      seq (DLQ stream sequence)
-``.dlq.requeue``          DlqRequeueRequest   job_id, dry_run (false), rate (10/s), limit
+``.dlq.requeue``          DlqRequeueRequest   job_id, dry_run (false), rate (10/s), limit,
+                                              seqs (all)
 ``.dlq.purge``            DlqPurgeRequest     job_id, all (false; or job_id), dry_run (false)
 ``tessera.api.result``    ResultRequest       job_id, kind (png), inline (false), offset (0),
                                               length (the gateway's chunk)
@@ -52,7 +53,7 @@ from typing import Annotated, Any, Literal, Self, TypeVar
 import msgpack
 import orjson
 
-from proto.fields import Body, check_range, check_str
+from proto.fields import Body, as_int, check_range, check_str
 from proto.limits import (
     ASSET_CHUNK_BYTES,
     CURSOR_RE,
@@ -76,6 +77,7 @@ from proto.limits import (
     MAX_REQUEST_BYTES,
     MAX_REQUEUE_LIMIT,
     MAX_REQUEUE_RATE,
+    MAX_REQUEUE_SEQS,
     MAX_RESULT_LENGTH,
     MAX_SEED,
     MAX_SEQ,
@@ -473,6 +475,11 @@ class DlqRequeueRequest:
     dry_run: Annotated[bool, "only report what would be done"] = False
     rate: Annotated[int, "requeues per second (1..1000)"] = DEFAULT_REQUEUE_RATE
     limit: Annotated[int, "at most this many letters (1..10,000)"] = MAX_REQUEUE_LIMIT
+    seqs: Annotated[
+        list[int] | None,
+        "only these dead letters (DLQ stream sequences, 1..1000 of them; with job_id, only "
+        "those of that job); default: every one matching job_id",
+    ] = None
 
     @classmethod
     def from_body(cls, body: Body) -> Self:
@@ -480,8 +487,20 @@ class DlqRequeueRequest:
         job_id, dry_run = _opt_job_id(body), body.boolean("dry_run", False)
         rate = check_range("rate", body.integer("rate", DEFAULT_REQUEUE_RATE), 1, MAX_REQUEUE_RATE)
         limit = check_range("limit", body.integer("limit", MAX_REQUEUE_LIMIT), 1, MAX_REQUEUE_LIMIT)
+        raw = body.raw("seqs") if body.has("seqs") else None
         body.done()
-        return cls(job_id, dry_run, rate, limit)
+        seqs = None if raw is None else _seqs(raw)
+        return cls(job_id, dry_run, rate, limit, seqs)
+
+
+def _seqs(raw: Any) -> list[int]:
+    if not isinstance(raw, list):
+        raise DecodeError(f"seqs: expected an array, got {type(raw).__name__}")
+    check_range("seqs", len(raw), 1, MAX_REQUEUE_SEQS)
+    seqs = [
+        check_range(f"seqs[{i}]", as_int(f"seqs[{i}]", s), 1, MAX_SEQ) for i, s in enumerate(raw)
+    ]
+    return list(dict.fromkeys(seqs))
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ subject                   schema              fields
 ``.dlq.list``             DlqListReply        dead_letters, next_cursor
 ``.dlq.show``             DlqShowReply        dead_letter
 ``.dlq.requeue``          DlqRequeueReply     dry_run, requeued, skipped, examined,
-                                              dead_letters, omitted
+                                              dead_letters, omitted, missing
 ``.dlq.purge``            DlqPurgeReply       purged, matched, dry_run
 ``tessera.api.priority``  PriorityReply       job_id, state, priority
 ``tessera.api.pause``     PauseReply          job_id, state, tiles_unreleased
@@ -79,7 +79,7 @@ subject                   schema              fields
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, get_type_hints
 
 from proto.api import ResultKind
@@ -360,6 +360,11 @@ class DlqRequeueReply:
     examined: Annotated[int, "letters looked at (requeued + skipped)"]
     dead_letters: Annotated[list[RequeueView], "the leading letters, as many as fit in one reply"]
     omitted: Annotated[int, "letters examined but not listed (the reply's size bound)"]
+    missing: Annotated[
+        list[int],
+        "of the seqs asked for, those that are not dead letters (of job_id): already requeued "
+        "or purged, or never one",
+    ] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

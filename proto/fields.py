@@ -74,6 +74,11 @@ class Body:
             raise DecodeError(f"{name}: expected a boolean, got {type(value).__name__}")
         return value
 
+    def has(self, name: str) -> bool:
+        """The field is given (and not null); it counts as read."""
+        self._seen.add(name)
+        return self._body.get(name) is not None
+
     def raw(self, name: str) -> Any:
         """The value as parsed, for fields with more than one allowed type."""
         return self._get(name, _MISSING)

@@ -267,12 +267,15 @@ class TesseraClient:
         dry_run: bool = False,
         rate: int | None = None,
         limit: int | None = None,
+        seqs: Sequence[int] | None = None,
     ) -> dict[str, Any]:
-        """Requeue dead letters (one job's, or all) at ``rate`` per second; ``dry_run`` plans.
+        """Requeue dead letters (one job's, or all, or the ``seqs`` named) at ``rate`` per
+        second; ``dry_run`` plans.
 
         The gateway replies when every requeue is done: allow ``count / rate`` seconds.
         """
-        body = {"job_id": job_id, "dry_run": dry_run, "rate": rate, "limit": limit}
+        body = {"job_id": job_id, "dry_run": dry_run, "rate": rate, "limit": limit,
+                "seqs": None if seqs is None else list(seqs)}  # fmt: skip
         return await self.call(ApiVerb.DLQ_REQUEUE, body)
 
     async def dlq_purge(

@@ -232,6 +232,9 @@ def _add_dlq(sub: Sub) -> None:
     p.add_argument("--rate", type=recovery.parse_rate, default=None, metavar="N/s",
                    help="requeues per second (default 10)")  # fmt: skip
     p.add_argument("--limit", type=int, default=None, help="at most this many dead letters")
+    p.add_argument("--seq", type=argtypes.positive_int, action="append", default=None,
+                   metavar="SEQ", help="only this dead letter (its DLQ sequence, dlq list); "
+                   "repeatable")  # fmt: skip
     _json(p)
     p = _command(verbs, "purge", actions.dlq_purge, "delete dead letters")
     which = p.add_mutually_exclusive_group(required=True)

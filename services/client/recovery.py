@@ -41,15 +41,19 @@ def requeue_table(reply: dict[str, Any]) -> str:
         )
     if reply.get("omitted"):
         lines.append(f"... and {reply['omitted']} more dead letter(s), not listed (reply size)")
+    if reply.get("missing"):
+        missing = ", ".join(map(str, reply["missing"]))
+        lines.append(f"not dead letters (any more): {missing}")
     total = "would requeue" if reply["dry_run"] else "requeued"
     lines.append(f"{total} {reply['requeued']}, skipped {reply['skipped']}")
     return "\n".join(lines)
 
 
 async def dlq_requeue(session: Session, args: argparse.Namespace) -> int:
-    """``tessera dlq requeue [--job J] [--dry-run] [--rate N/s] [--limit N]``."""
-    client = session.client
-    plan = await client.dlq_requeue(job_id=args.job, dry_run=True, rate=args.rate, limit=args.limit)
+    """``tessera dlq requeue [--job J] [--seq N]... [--dry-run] [--rate N/s] [--limit N]``."""
+    client, seqs = session.client, args.seq
+    plan = await client.dlq_requeue(job_id=args.job, dry_run=True, rate=args.rate,
+                                    limit=args.limit, seqs=seqs)  # fmt: skip
     reply = plan | {"dry_run": args.dry_run}
     if not args.dry_run and plan["requeued"]:
         rate = args.rate or DEFAULT_REQUEUE_RATE
@@ -58,7 +62,8 @@ async def dlq_requeue(session: Session, args: argparse.Namespace) -> int:
         )
         # the letters the plan looked at (an older gateway lists them all and has no count)
         walked = plan.get("examined", len(plan["dead_letters"]))
-        reply = await patient.dlq_requeue(job_id=args.job, rate=args.rate, limit=walked)
+        reply = await patient.dlq_requeue(job_id=args.job, rate=args.rate, limit=walked,
+                                          seqs=seqs)  # fmt: skip
     if args.json:
         print(orjson.dumps({"ok": True, **reply}).decode(), flush=True)
     else:

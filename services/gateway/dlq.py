@@ -166,21 +166,23 @@ class DlqHandlers:
         if self.requeuer is None:
             raise ValidationError("dlq.requeue is not served by this gateway")
         subject, seq = self._filter(request.job_id), 1
-        pacer, plans = Pacer(request.rate), list[Plan]()
+        pacer, plans, missing = Pacer(request.rate), list[Plan](), list[int]()
+        chosen = iter(request.seqs) if request.seqs is not None else None
         while len(plans) < request.limit:
-            raw = await self._next(seq, subject)
-            if raw is None or raw.seq is None:
-                break
-            seq = raw.seq + 1
-            plan = await self.requeuer.plan(raw)
-            if not request.dry_run and plan.action != SKIP:
-                await pacer.wait()
-                try:
-                    plan = await self.requeuer.apply(plan)
-                except TerminalError as exc:  # a race with another operator or a worker
-                    plan = Plan(plan.seq, plan.job_id, plan.unit, plan.reason, plan.error, SKIP,
-                                f"{plan.action} refused: {exc}", plan.tile)  # fmt: skip
-            plans.append(plan)
+            if chosen is not None:  # the letters named, each read at its own sequence
+                want = next(chosen, None)
+                if want is None:
+                    break
+                raw = await self._next(want, subject)
+                if raw is None or raw.seq != want:
+                    missing.append(want)
+                    continue
+            else:
+                raw = await self._next(seq, subject)
+                if raw is None or raw.seq is None:
+                    break
+                seq = raw.seq + 1
+            plans.append(await self._requeue_one(raw, request.dry_run, pacer))
         acted = [p for p in plans if p.action != SKIP]
         views = within_budget(
             (RequeueView(**p.view() | {"error": _cut(p.error)}) for p in plans), self.reply_budget
@@ -192,7 +194,21 @@ class DlqHandlers:
             examined=len(plans),
             dead_letters=views,
             omitted=len(plans) - len(views),
+            missing=missing,
         )
+
+    async def _requeue_one(self, raw: api.RawStreamMsg, dry_run: bool, pacer: Pacer) -> Plan:
+        """The plan for one letter, applied (paced) unless ``dry_run`` or a skip."""
+        assert self.requeuer is not None
+        plan = await self.requeuer.plan(raw)
+        if dry_run or plan.action == SKIP:
+            return plan
+        await pacer.wait()
+        try:
+            return await self.requeuer.apply(plan)
+        except TerminalError as exc:  # a race with another operator or a worker
+            return Plan(plan.seq, plan.job_id, plan.unit, plan.reason, plan.error, SKIP,
+                        f"{plan.action} refused: {exc}", plan.tile)  # fmt: skip
 
     async def purge(self, data: bytes, headers: Headers) -> DlqPurgeReply:
         """``tessera.api.dlq.purge``: delete one job's dead letters (or all); ``dry_run`` counts.

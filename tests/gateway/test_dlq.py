@@ -62,6 +62,25 @@ async def test_list_show_and_purge(
     assert (await client.dlq_list())["dead_letters"] == []
 
 
+async def test_requeue_of_the_letters_named_by_sequence(
+    gateway: Gateway, runtime: Runtime, client: TesseraClient
+) -> None:
+    a, b = new_job_id(), new_job_id()
+    for i, (job, tile) in enumerate([(a, 0), (b, 0), (a, 3)], start=1):
+        await _dead_letter(runtime, job, tile, source_seq=i)
+    named = await client.dlq_requeue(dry_run=True, seqs=[3, 2, 99, 3])
+    assert [d["seq"] for d in named["dead_letters"]] == [3, 2], "as named, each once"
+    assert named["examined"] == 2 and named["missing"] == [99]
+    of_a = await client.dlq_requeue(dry_run=True, job_id=a, seqs=[1, 2])
+    assert [d["seq"] for d in of_a["dead_letters"]] == [1] and of_a["missing"] == [2]
+    everything = await client.dlq_requeue(dry_run=True)
+    assert everything["examined"] == 3 and everything["missing"] == []
+    for bad, code in (([], "invalid"), ([0], "invalid"), ("1", "bad_request")):
+        with pytest.raises(ApiError) as err:
+            await client.call(ApiVerb.DLQ_REQUEUE, {"seqs": bad, "dry_run": True})
+        assert err.value.code == code, bad
+
+
 async def test_purge_needs_a_job_or_all(gateway: Gateway, client: TesseraClient) -> None:
     with pytest.raises(ApiError) as err:
         await client.dlq_purge()
