@@ -2,20 +2,28 @@
 
 The planner only writes tile rows; the tiles wait in PostgreSQL. A **round**
 (:meth:`Dispatcher.dispatch_once`) reads the capacity of the live workers (the
-``tessera-workers`` bucket: ``TESSERA_DISPATCH_FACTOR`` x kernel threads per renderer, read at
-most every :data:`CAPACITY_REFRESH` s), lets the store release up to ``TESSERA_DISPATCH_BATCH``
-tiles in one transaction (:func:`shared.metadata.dispatch.release`: window, priority, fair share,
-oldest job; ``generation + 1``, ``published_at = now()``), then publishes them under
-``tile:<job>:<i>:<gen>``. A crash between the commit and the publishes (crash points
-``scheduler.after_release``, ``scheduler.mid_publish``) leaves released tiles with no message:
-the sweeper re-publishes them after ``TESSERA_SWEEP_AGE``.
+``tessera-workers`` bucket: their kernel threads per renderer, read at most every
+:data:`CAPACITY_REFRESH` s; the window below), lets the store release up to
+``TESSERA_DISPATCH_BATCH`` tiles in one transaction (:func:`shared.metadata.dispatch.release`:
+window, priority, fair share, oldest job; ``generation + 1``, ``published_at = now()``), then
+publishes them under ``tile:<job>:<i>:<gen>``. A crash between the commit and the publishes
+(crash points ``scheduler.after_release``, ``scheduler.mid_publish``) leaves released tiles with
+no message: the sweeper re-publishes them after ``TESSERA_SWEEP_AGE``.
+
+The window per renderer is :func:`shared.core.window.window`: the base (factor x threads) plus,
+for short tiles, a buffer waiting in ``TILES`` sized by the tiles' measured duration (the mean
+done attempt of the last :data:`TILE_SECONDS_WINDOW` s, read at most every
+:data:`TILE_SECONDS_REFRESH` s) and the measured round latency (an EWMA of nudge to the round's
+last publish).
 
 Rounds run every ``TESSERA_DISPATCH_INTERVAL`` at the latest, sooner on a nudge: every
-tile-done event (a plain core-NATS subscription to the EVENTS tile-done subjects: a hint that a
-worker has room, not a durable consumer — a lost nudge costs one interval), every job-resumed
-event (its tiles are releasable again) and every new plan of this process's planner. A round
-that filled its batch runs the next at once. Several schedulers may run dispatchers at once:
-their releases take turns under one advisory lock.
+job-resumed event (its tiles are releasable again) and every new plan of this process's planner
+start one at once; tile-done events (a plain core-NATS subscription to the EVENTS tile-done
+subjects: a hint that a worker has room, not a durable consumer — a lost nudge costs one
+interval) start one after ``refill`` of them (1 without a buffer; with one, half the buffer has
+been taken by then). Nudges during a round are coalesced into the next round. A round that
+filled its batch runs the next at once. Several schedulers may run dispatchers at once: their
+releases take turns under one advisory lock.
 """
 
 from __future__ import annotations
@@ -29,16 +37,22 @@ from nats.aio.msg import Msg
 
 from proto import names as n
 from shared.core import crash
+from shared.core import window as rule
 from shared.core.errors import RetryableError, TerminalError
+from shared.core.window import Ewma, Window
 from shared.metadata import Tile
 from shared.nats.presence import LiveWorkers, capacity
 from shared.service.publish import publish_released
 from shared.service.runtime import Runtime
 
-__all__ = ["CAPACITY_REFRESH", "Dispatcher"]
+__all__ = ["CAPACITY_REFRESH", "TILE_SECONDS_REFRESH", "TILE_SECONDS_WINDOW", "Dispatcher"]
 
 CAPACITY_REFRESH = 1.0
 """Seconds a reading of the live-workers bucket is reused (rounds can run hundreds a second)."""
+TILE_SECONDS_REFRESH = 0.5
+"""Seconds a reading of the recent tile durations is reused."""
+TILE_SECONDS_WINDOW = 10.0
+"""Seconds of done attempts the mean tile duration is taken over."""
 BACKLOG_REFRESH = 5.0
 """Seconds between two counts of the unreleased tiles (a metric only)."""
 
@@ -52,26 +66,48 @@ class Dispatcher:
         self.config = rt.settings.scheduler
         self.workers = LiveWorkers(rt.js, rt.names.bucket(n.BUCKET_WORKERS))
         self.wake = asyncio.Event()
-        self._capacity: dict[str, int] = {}
-        self._capacity_at = -math.inf
+        #: seconds from a nudge to the last publish of the round that answered it
+        self.gap = Ewma()
+        #: the windows of the last capacity reading, by renderer
+        self.windows: dict[str, Window] = {}
+        self._threads: dict[str, int] = {}
+        self._threads_at = -math.inf
+        self._tile_seconds: dict[str, float] = {}
+        self._tile_seconds_at = -math.inf
         self._backlog_at = -math.inf
+        self._done = 0  # tile-done nudges since the last round started
+        self._refill = 1  # tile-done nudges that make a round due
+        self._nudged_at: float | None = None  # first due nudge since the last round started
 
     def nudge(self) -> None:
-        """Run a round soon (a tile finished, a job was planned)."""
+        """Run a round soon (a job was planned or resumed)."""
+        if self._nudged_at is None:
+            self._nudged_at = asyncio.get_running_loop().time()
         self.wake.set()
+
+    def tile_done(self) -> None:
+        """A tile finished: a round is due after ``refill`` of these."""
+        self._done += 1
+        if self._done >= self._refill:
+            self.nudge()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Rounds until ``stop``."""
         sub = await self.rt.nc.subscribe(self.rt.names.tile_done_filter, cb=self._on_done)
         resumed = await self.rt.nc.subscribe(
-            self.rt.names.event_filter(n.EventKind.JOB_RESUMED), cb=self._on_done
+            self.rt.names.event_filter(n.EventKind.JOB_RESUMED), cb=self._on_resumed
         )
+        loop = asyncio.get_running_loop()
         try:
             while not stop.is_set():
+                # No await between here and the round's start: a nudge from now on is the next's.
                 self.wake.clear()
+                nudged_at, self._nudged_at, self._done = self._nudged_at, None, 0
                 full = False
                 try:
                     full = len(await self.dispatch_once()) >= self.config.dispatch_batch
+                    if nudged_at is not None:
+                        self.gap.add(loop.time() - nudged_at)
                     await self._count_backlog()
                 except (RetryableError, TerminalError) as exc:
                     self.log.warning("dispatch round failed; next round retries", error=str(exc))
@@ -83,18 +119,39 @@ class Dispatcher:
                 await resumed.unsubscribe()
 
     async def _on_done(self, _msg: Msg) -> None:
-        self.wake.set()
+        self.tile_done()
+
+    async def _on_resumed(self, _msg: Msg) -> None:
+        self.nudge()
 
     async def capacity(self) -> dict[str, int]:
-        """``renderer -> factor x threads`` of the live workers (cached briefly)."""
+        """``renderer -> base + buffer`` of the live workers (:func:`shared.core.window.window`;
+        the bucket and the tile durations are read at most every :data:`CAPACITY_REFRESH` and
+        :data:`TILE_SECONDS_REFRESH` s)."""
         loop = asyncio.get_running_loop()
-        if loop.time() - self._capacity_at >= CAPACITY_REFRESH:
-            live = await self.workers.list()
-            self._capacity = capacity(live, self.config.dispatch_factor)
-            self._capacity_at = loop.time()
-            for renderer, cap in self._capacity.items():
-                self.rt.metrics.dispatch_capacity.labels(renderer=renderer).set(cap)
-        return self._capacity
+        if loop.time() - self._threads_at >= CAPACITY_REFRESH:
+            self._threads = capacity(await self.workers.list(), 1.0)
+            self._threads_at = loop.time()
+        if loop.time() - self._tile_seconds_at >= TILE_SECONDS_REFRESH:
+            self._tile_seconds = await self.rt.db.tile_seconds(TILE_SECONDS_WINDOW)
+            self._tile_seconds_at = loop.time()
+        c = self.config
+        self.windows = {
+            renderer: rule.window(
+                threads,
+                factor=c.dispatch_factor,
+                max_factor=c.dispatch_max_factor,
+                tile_seconds=self._tile_seconds.get(renderer),
+                gap_seconds=self.gap.value,
+            )
+            for renderer, threads in self._threads.items()
+        }
+        self._refill = rule.refill_after(self.windows.values())
+        m = self.rt.metrics
+        for renderer, w in self.windows.items():
+            m.dispatch_capacity.labels(renderer=renderer).set(w.base)
+            m.dispatch_buffer.labels(renderer=renderer).set(w.buffer)
+        return {renderer: w.capacity for renderer, w in self.windows.items()}
 
     async def dispatch_once(self, fixed: Mapping[str, int] | None = None) -> list[Tile]:
         """One round; the tiles it released (and published). ``fixed`` replaces the live

@@ -26,7 +26,7 @@ from shared.core.lifecycle import TERMINAL_JOB_STATES, TERMINAL_TILE_STATES, Job
 from shared.metadata.audit import Conn
 from shared.metadata.models import Tile
 
-__all__ = ["DISPATCHABLE", "DISPATCH_LOCK", "Released", "release", "unreleased"]
+__all__ = ["DISPATCHABLE", "DISPATCH_LOCK", "Released", "release", "tile_seconds", "unreleased"]
 
 DISPATCH_LOCK = int.from_bytes(b"tessdisp", "big") & 0x7FFF_FFFF_FFFF_FFFF
 """``pg_advisory_xact_lock`` key of a release (ASCII "tessdisp"); the migrations use another."""
@@ -222,3 +222,19 @@ async def unreleased(conn: Conn) -> int:
         _DISPATCHABLE,
     )
     return int(value or 0)
+
+
+async def tile_seconds(conn: Conn, window: float) -> dict[str, float]:
+    """``renderer -> mean seconds`` of the tile attempts done in the last ``window`` s, lease to
+    commit (the dispatcher's buffer for short tiles); a renderer with none is absent."""
+    rows = await conn.fetch(
+        """
+        SELECT j.renderer, avg(extract(epoch FROM a.ended_at - a.started_at)) AS seconds
+        FROM attempts a JOIN jobs j ON j.job_id = a.job_id
+        WHERE a.kind = 'tile' AND a.outcome = 'done'
+          AND a.ended_at > now() - make_interval(secs => $1)
+        GROUP BY j.renderer
+        """,
+        window,
+    )
+    return {r["renderer"]: float(r["seconds"]) for r in rows if r["seconds"] is not None}

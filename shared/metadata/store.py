@@ -320,6 +320,10 @@ class MetadataStore(StoreBase):
         """Unreleased queued tiles of dispatchable jobs (the dispatch backlog)."""
         return await self._read("unreleased_tiles", dispatch.unreleased)
 
+    async def tile_seconds(self, window: float) -> dict[str, float]:
+        """``renderer -> mean seconds`` of its tile attempts done in the last ``window`` s."""
+        return await self._read("tile_seconds", lambda c: dispatch.tile_seconds(c, window))
+
     async def fence_tile(
         self,
         job_id: str,

@@ -90,6 +90,12 @@ class Metrics:
             "Factor x kernel threads of the live workers announcing the renderer",
             ["renderer"], registry=r,
         )  # fmt: skip
+        self.dispatch_buffer = Gauge(
+            "tessera_dispatch_buffer",
+            "Tiles of the renderer's window beyond its capacity, waiting in TILES for the next "
+            "free slot (sized by the measured tile duration and round latency; 0 for long "
+            "tiles)", ["renderer"], registry=r,
+        )  # fmt: skip
         self.dispatch_unreleased = Gauge(
             "tessera_dispatch_unreleased_tiles",
             "Queued tiles of dispatchable jobs not yet released (the dispatch backlog)",

@@ -349,6 +349,16 @@ class MemoryMetadata:
         return sum(len(self._unreleased(j.job_id)) for j in self.jobs.values()
                    if self._dispatchable(j))  # fmt: skip
 
+    async def tile_seconds(self, window: float) -> dict[str, float]:
+        since = _now() - timedelta(seconds=window)
+        spans: dict[str, list[float]] = {}
+        for a in self.attempt_rows.values():
+            if a.kind == "tile" and a.outcome is AttemptOutcome.DONE and a.ended_at is not None \
+                    and a.ended_at > since:  # fmt: skip
+                seconds = (a.ended_at - a.started_at).total_seconds()
+                spans.setdefault(self.jobs[a.job_id].renderer, []).append(seconds)
+        return {r: sum(s) / len(s) for r, s in spans.items()}
+
     # ---- the owner's fenced writes --------------------------------------------------------
 
     async def fence_tile(

@@ -87,3 +87,20 @@ async def test_only_dispatchable_jobs_of_a_renderer_with_workers(meta: Meta):
     blender = await meta.release_tiles({"blender": 1}, limit=100, usage_window=300)
     assert _ids(blender.tiles) == [(other.job_id, 0)]
     assert await meta.release_tiles({}, limit=100, usage_window=300) == type(blender)()
+
+
+async def test_tile_seconds_are_the_mean_done_attempt_of_each_renderer(meta: Meta):
+    job = await _job(meta)
+    other = await _job(meta, renderer="blender")
+    await meta.release_tiles({"tessera": 2, "blender": 1}, limit=100, usage_window=300)
+    assert await meta.tile_seconds(60) == {}, "no attempt yet"
+    seen = await meta.get_tile(job.job_id, 0)
+    assert await meta.fence_tile(job.job_id, 0, token=5, attempt_id="a", node="n", seen=seen)
+    commit = TileCommit(job.job_id, 0, token=5, attempt_id="a", result_key="r",
+                        result_sha256="ab" * 32, samples_done=16, node="n")  # fmt: skip
+    await meta.commit_tile(commit)
+    seen = await meta.get_tile(other.job_id, 0)
+    assert await meta.fence_tile(other.job_id, 0, token=6, attempt_id="b", node="n", seen=seen)
+    got = await meta.tile_seconds(60)
+    assert list(got) == ["tessera"], "the blender attempt is still open"
+    assert 0 <= got["tessera"] < 60

@@ -1,5 +1,6 @@
 """The dispatcher against real servers: fair share by weight and usage, a project's cap, two
-dispatchers at once, a large job cancelled before release, and the live-workers window.
+dispatchers at once, a large job cancelled before release, the live-workers window and its
+buffer for short tiles.
 
 No workers render here: the queue is filled with planned jobs and a dispatcher round (with a
 fixed window, or the window of workers announced in the real bucket) is called; what it
@@ -19,6 +20,7 @@ from proto.messages import JobMessage
 from services.scheduler.dispatch import Dispatcher
 from services.scheduler.planner import Planner
 from shared.core.lifecycle import TileState
+from shared.core.window import Window
 from shared.metadata import MetadataStore, Tile
 from shared.nats.presence import LiveWorkers, WorkerInfo
 from shared.service.runtime import Runtime
@@ -154,3 +156,84 @@ async def test_the_window_comes_from_the_live_workers(runtime: Runtime) -> None:
 
 async def _messages_are(rt: Runtime, count: int) -> bool:
     return await _messages(rt) == count
+
+
+async def _attempts(rt: Runtime, job_id: str, seconds: float, count: int = 5) -> None:
+    """``count`` done attempts of ``job_id`` that took ``seconds`` each and just ended."""
+    await _sql(
+        rt,
+        "INSERT INTO attempts (attempt_id, job_id, tile_index, kind, started_at, ended_at, "
+        "outcome) SELECT $1 || i, $2, 47, 'tile', now() - make_interval(secs => $3), now(), "
+        "'done' FROM generate_series(1, $4) i",
+        f"{job_id}-",
+        job_id,
+        seconds,
+        count,
+    )
+
+
+async def _released(rt: Runtime, job_id: str) -> int:
+    return sum(t.published_at is not None for t in await rt.db.list_tiles(job_id))
+
+
+async def _announce(rt: Runtime, *workers: tuple[str, str]) -> None:
+    """Workers of 2 threads: ``(node, renderer)``."""
+    bucket = LiveWorkers(rt.js, rt.names.bucket(n.BUCKET_WORKERS))
+    for node, renderer in workers:
+        await bucket.put(WorkerInfo(node, 2, 4, {renderer: "k1"}, "t", 0.0))
+
+
+async def test_the_window_buffers_short_tiles_and_not_long_ones(runtime: Runtime) -> None:
+    """One 2-thread worker per renderer (base window 2 x 2 = 4 each, at most 8 x 2 = 16): the
+    tessera job's recent attempts took 1 ms, the blender job's 60 s. Once a tile-done nudge has
+    let the running dispatcher measure a round's latency, the tessera window grows past its base
+    (tiles waiting in TILES for the next free slot); the blender window stays at 4."""
+    short, long = await _job(runtime), await _job(runtime, renderer="blender")
+    await _attempts(runtime, short, 0.001)
+    await _attempts(runtime, long, 60.0)
+    await _announce(runtime, ("w1", "tessera"), ("w2", "blender"))
+    dispatcher = Dispatcher(runtime)
+    stop = asyncio.Event()
+    task = asyncio.create_task(dispatcher.run(stop))
+    try:
+        await eventually(lambda: _released(runtime, long), what="the first round's release")
+        assert await _released(runtime, short) == 4, "no nudge yet: no round latency, no buffer"
+        done = runtime.names.event_subject(short, n.EventKind.TILE_DONE)
+        await runtime.nc.publish(done, b"")
+        await eventually(lambda: _more_than(runtime, short, 4), what="the buffer released")
+    finally:
+        stop.set()
+        await task
+    assert dispatcher.gap.value is not None and dispatcher.gap.value > 0
+    tessera, blender = dispatcher.windows["tessera"], dispatcher.windows["blender"]
+    assert blender == Window(4, 0, 1, measured=True), "60 s tiles: no buffer"
+    assert tessera.base == 4 and 0 < tessera.buffer <= 12
+    assert await _released(runtime, short) == tessera.capacity
+    assert await _released(runtime, long) == 4
+
+
+async def _more_than(rt: Runtime, job_id: str, count: int) -> bool:
+    return await _released(rt, job_id) > count
+
+
+async def test_tile_done_nudges_are_coalesced_while_a_buffer_is_waiting(
+    runtime: Runtime,
+) -> None:
+    """With a buffer of 12 short tiles, a round is due after 6 tile-done nudges, not each one;
+    a plan's nudge is due at once."""
+    short = await _job(runtime)
+    await _attempts(runtime, short, 0.001)
+    await _announce(runtime, ("w1", "tessera"))
+    dispatcher = Dispatcher(runtime)
+    assert dispatcher.windows == {} and (await dispatcher.capacity()) == {"tessera": 4}
+    dispatcher.gap.add(0.01)  # a round answered a nudge in 10 ms
+    assert await dispatcher.capacity() == {"tessera": 16}
+    assert dispatcher.windows["tessera"] == Window(4, 12, 6, measured=True)
+    for _ in range(5):
+        dispatcher.tile_done()
+    assert not dispatcher.wake.is_set()
+    dispatcher.tile_done()
+    assert dispatcher.wake.is_set()
+    dispatcher.wake.clear()
+    dispatcher.nudge()
+    assert dispatcher.wake.is_set()

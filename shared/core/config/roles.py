@@ -207,17 +207,31 @@ class SchedulerSettings:
     dispatch_interval: float = _knob(
         0.25,
         "TESSERA_DISPATCH_INTERVAL",
-        "longest wait between dispatch rounds (s); a tile-done event or a new plan wakes the "
-        "dispatcher sooner",
+        "longest wait between dispatch rounds (s); a new plan wakes the dispatcher sooner, and "
+        "so do tile-done events (each one for long tiles, every few while short tiles are "
+        "buffered)",
         read_by="scheduler",
         minimum=0.01,
     )
-    #: tiles released per live kernel thread (the window is this x threads, minus in flight)
+    #: tiles released per live kernel thread (the window's base is this x threads)
     dispatch_factor: float = _knob(
         2.0,
         "TESSERA_DISPATCH_FACTOR",
-        "dispatch window per renderer = this x the kernel threads of its live workers, minus its "
+        "base of the dispatch window per renderer: this x the kernel threads of its live workers "
+        "(the tiles they hold); short tiles add a measured buffer up to "
+        "`TESSERA_DISPATCH_MAX_FACTOR`; a round releases up to the window minus the renderer's "
         "released-and-unfinished tiles",
+        read_by="scheduler",
+        minimum=0.1,
+    )
+    #: the window's bound with its buffer for short tiles (the buffer is sized by measurement)
+    dispatch_max_factor: float = _knob(
+        8.0,
+        "TESSERA_DISPATCH_MAX_FACTOR",
+        "most tiles released-and-unfinished per live kernel thread, buffer for short tiles "
+        "included (the buffer keeps a few dispatch rounds' worth of short tiles waiting in "
+        "`TILES`, sized by their measured duration; at or below `TESSERA_DISPATCH_FACTOR` "
+        "there is none)",
         read_by="scheduler",
         minimum=0.1,
     )

@@ -1,0 +1,72 @@
+"""The dispatch window rule (:mod:`shared.core.window`), a pure function: the buffer grows with
+the round latency and shrinks with the tile duration, bounded by the max factor; long tiles and
+unmeasured ones get none."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.core.window import HEADROOM, Ewma, Window, refill_after, window
+
+
+def _w(threads: int, tile: float | None, gap: float | None, max_factor: float = 8.0) -> Window:
+    return window(threads, factor=2.0, max_factor=max_factor, tile_seconds=tile, gap_seconds=gap)
+
+
+def test_no_buffer_before_anything_is_measured() -> None:
+    assert _w(32, None, 0.02) == Window(64, 0, 1, measured=False)
+    assert _w(32, 0.1, None) == Window(64, 0, 1, measured=True)
+    assert _w(32, 0.0, 0.02) == Window(64, 0, 1, measured=False)
+
+
+def test_short_tiles_get_two_refills_of_headroom() -> None:
+    """64 tiles in hand taking 0.16 s each: 400 tiles/s; a round answers in 20 ms, so the
+    workers finish HEADROOM x 8 = 16 tiles in two rounds' latency: buffer 32, refill 16."""
+    got = _w(32, 0.16, 0.02)
+    ahead = int(HEADROOM * 0.02 * 64 / 0.16)
+    assert ahead == 16
+    assert got == Window(64, 2 * ahead, ahead, measured=True)
+    assert got.capacity == 96
+
+
+def test_long_tiles_get_none() -> None:
+    """4 tiles in hand of 1.4 s, a round of 50 ms: not one tile finishes in two rounds."""
+    assert _w(2, 1.4, 0.05) == Window(4, 0, 1, measured=True)
+    assert _w(2, 60.0, 0.05).capacity == 4
+
+
+@pytest.mark.parametrize(
+    ("tile", "gap"), [(0.16, 0.01), (0.16, 0.02), (0.08, 0.02), (0.04, 0.02), (0.16, 0.05)]
+)
+def test_the_buffer_grows_with_the_gap_and_shrinks_with_the_tile(tile: float, gap: float) -> None:
+    got = _w(32, tile, gap, max_factor=1000.0)
+    assert got.buffer == 2 * int(HEADROOM * gap * 64 / tile)
+    assert _w(32, tile, 2 * gap, max_factor=1000.0).buffer >= got.buffer
+    assert _w(32, 2 * tile, gap, max_factor=1000.0).buffer <= got.buffer
+
+
+def test_the_max_factor_bounds_the_window() -> None:
+    got = _w(32, 0.001, 0.05)
+    assert got == Window(64, 8 * 32 - 64, (8 * 32 - 64) // 2, measured=True)
+    assert _w(32, 0.001, 0.05, max_factor=2.0) == Window(64, 0, 1, measured=True)
+    assert _w(32, 0.001, 0.05, max_factor=1.0).capacity == 64, "never below the base"
+    assert _w(32, 1e-300, 1e300).buffer == 8 * 32 - 64, "an overflowing ratio is the bound"
+
+
+def test_no_threads_no_window() -> None:
+    assert _w(0, 0.001, 0.05) == Window(0, 0, 1, measured=True)
+
+
+def test_the_refill_is_the_smallest_of_the_measured_renderers() -> None:
+    short, long, unmeasured = _w(32, 0.16, 0.02), _w(2, 60.0, 0.02), _w(8, None, 0.02)
+    assert refill_after([short, unmeasured]) == 16, "a renderer with no recent tile: no say"
+    assert refill_after([short, long]) == 1, "a long-tile renderer keeps a round per tile"
+    assert refill_after([]) == 1
+    assert refill_after([unmeasured]) == 1
+
+
+def test_the_ewma_starts_at_its_first_sample() -> None:
+    avg = Ewma(alpha=0.5)
+    assert avg.value is None
+    assert avg.add(0.02) == 0.02
+    assert avg.add(0.04) == pytest.approx(0.03)
