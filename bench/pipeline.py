@@ -216,17 +216,19 @@ def bench_overhead(
     shared machine weighs on both alike. Also the counters and the tile count of each pipeline
     run. ``tile="auto"``: the scheduler picks the edge (the warm-up job measures the cost).
     """
+    # (one database for every part: the auto run's own project keeps its warm-up job from being
+    # the (a) run's, which the idempotency key would return completed)
     space = "benchA" if tile != "auto" else "benchAauto"
     env = {"TESSERA_NAMESPACE": space, "TESSERA_WORKER_SLOTS": str(CORES)}
     procs = with_services(stack, env, workers=1)
     directs, pipelines, counters, tiles = [], [], [], []
     try:
-        warmup = SubmitRequest(project="bench", scene="cornell", width=64, height=64, spp=1)
+        warmup = SubmitRequest(project=space, scene="cornell", width=64, height=64, spp=1)
         asyncio.run(timed_job(stack.env() | env, warmup))  # processes up, JIT cache loaded
         for i in range(rounds):
             direct, how = direct_render_seconds(512, 512, spp, 64, seed=i)
             print(f"    round {i + 1}: direct: {how}")
-            req = SubmitRequest(project="bench", scene="cornell", width=512, height=512,
+            req = SubmitRequest(project=space, scene="cornell", width=512, height=512,
                                 spp=spp, tile_size=tile, seed=i)  # fmt: skip
             seconds, status, c = asyncio.run(timed_job(stack.env() | env, req, stack, procs))
             assert status["state"] == "completed", status

@@ -4,7 +4,8 @@
 A tile attempt that ended ``done`` rendered ``(x1 - x0) * (y1 - y0)`` pixels from the samples it
 resumed from up to the job's spp, in the time between its fence and its commit, on one kernel
 thread: its cost per pixel-sample is that time over that work (attempts shorter than
-:data:`COST_MIN_SECONDS` are left out). The estimate is the median over
+:data:`COST_MIN_SECONDS` are left out, and a scope with fewer than :data:`COST_MIN_ATTEMPTS`
+measured says nothing). The estimate is the median over
 the newest :data:`COST_SAMPLE` such attempts of the newest :data:`COST_JOBS` jobs with a finished
 tile and the same cost key (renderer, scene, bounces), else of the same renderer (any scene);
 ``None`` when there is none (the caller's configured default applies). The reads walk the two
@@ -17,12 +18,22 @@ from dataclasses import dataclass
 
 from shared.metadata.audit import Conn
 
-__all__ = ["COST_JOBS", "COST_MIN_SECONDS", "COST_SAMPLE", "CostEstimate", "tile_cost"]
+__all__ = [
+    "COST_JOBS",
+    "COST_MIN_ATTEMPTS",
+    "COST_MIN_SECONDS",
+    "COST_SAMPLE",
+    "CostEstimate",
+    "tile_cost",
+]
 
 COST_JOBS = 16
 """Newest jobs of a key (or renderer) whose finished tiles are measured."""
 COST_SAMPLE = 64
 """Newest finished tile attempts the median is taken over."""
+COST_MIN_ATTEMPTS = 4
+"""Fewer measured attempts in a scope say too little (one may be a worker's first tile, which
+also pays for loading the kernel and the scene): the next scope, or the default, applies."""
 COST_MIN_SECONDS = 0.1
 """Shorter attempts are left out: their time is mostly the fixed cost of a tile (lease, fence,
 commit, ack), not its samples, and would make every pixel-sample look dear (a 64x64 tile at
@@ -71,6 +82,6 @@ async def tile_cost(
             where=where, jobs=COST_JOBS, sample=COST_SAMPLE, min_seconds=COST_MIN_SECONDS
         )
         row = await conn.fetchrow(sql, value, job_id)
-        if row is not None and row["n"] and row["cost"] is not None and row["cost"] > 0:
+        if row is not None and row["n"] >= COST_MIN_ATTEMPTS and (row["cost"] or 0) > 0:
             return CostEstimate(float(row["cost"]), int(row["n"]), scope)
     return None

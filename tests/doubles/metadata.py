@@ -42,7 +42,13 @@ from shared.metadata import (
     Tile,
     TileCommit,
 )
-from shared.metadata.costs import COST_JOBS, COST_MIN_SECONDS, COST_SAMPLE, CostEstimate
+from shared.metadata.costs import (
+    COST_JOBS,
+    COST_MIN_ATTEMPTS,
+    COST_MIN_SECONDS,
+    COST_SAMPLE,
+    CostEstimate,
+)
 from shared.metadata.dispatch import DEFAULT_ESTIMATE, DISPATCHABLE, Released
 from shared.metadata.store import CANCEL_IF_IDLE
 from shared.metadata.tiles import EdgeChosen
@@ -237,7 +243,7 @@ class MemoryMetadata:
                 x0, y0, x1, y1 = self.tiles[(a.job_id, a.tile_index)].rect
                 work = (x1 - x0) * (y1 - y0) * max(spp[a.job_id] - a.resumed_from, 1)
                 costs.append((a.ended_at - a.started_at).total_seconds() / work)
-            if costs:
+            if len(costs) >= COST_MIN_ATTEMPTS:
                 return CostEstimate(statistics.median(costs), len(costs), scope)
         return None
 

@@ -285,19 +285,29 @@ async def test_tile_cost_is_measured_on_finished_tiles_of_the_scene_then_of_the_
     measured = (await meta.submit_job(make_new_job(cost_key="scene-a"))).job
     await meta.plan_tiles(measured.job_id, RECTS)
     assert await meta.tile_cost("other", "scene-a", "tessera") is None, "nothing finished yet"
-    for i, token in ((0, 1), (1, 2)):
-        assert await _fence(meta, measured.job_id, token, f"a{i}", i)
-        commit = dataclasses.replace(_commit(measured.job_id, token, f"a{i}", i), samples_done=16)
-        assert await meta.commit_tile(commit) is CommitOutcome.COMMITTED
+
+    async def commit(i: int) -> None:
+        assert await _fence(meta, measured.job_id, i + 1, f"a{i}", i)
+        done = dataclasses.replace(_commit(measured.job_id, i + 1, f"a{i}", i), samples_done=16)
+        assert await meta.commit_tile(done) is CommitOutcome.COMMITTED
+
+    for i in range(3):
+        await commit(i)
     assert await meta.tile_cost("other", "scene-a", "tessera") is None, (
         "attempts of a few ms are the fixed cost of a tile, not its samples"
     )
     await _attempts_took(meta, measured.job_id, 0.5)
+    assert await meta.tile_cost("other", "scene-a", "tessera") is None, "three say too little"
+    await commit(3)
+    await _attempts_took(meta, measured.job_id, 0.5)
     scene = await meta.tile_cost("other", "scene-a", "tessera")
-    assert scene is not None and (scene.scope, scene.attempts) == ("scene", 2)
-    assert scene.seconds_per_sample == pytest.approx(0.5 / (32 * 32 * 16))
+    assert scene is not None and (scene.scope, scene.attempts) == ("scene", 4)
+    # two 32x32 tiles and two 32x16 ones, 16 samples each, 0.5 s apiece: the middle two
+    assert scene.seconds_per_sample == pytest.approx(
+        (0.5 / (32 * 32 * 16) + 0.5 / (32 * 16 * 16)) / 2
+    )
     renderer = await meta.tile_cost("other", "scene-b", "tessera")
-    assert renderer is not None and (renderer.scope, renderer.attempts) == ("renderer", 2)
+    assert renderer is not None and (renderer.scope, renderer.attempts) == ("renderer", 4)
     assert renderer.seconds_per_sample == pytest.approx(scene.seconds_per_sample)
     assert await meta.tile_cost("other", "scene-c", "povray") is None, (
         "another renderer's tiles say nothing"
