@@ -56,6 +56,12 @@
     return total > 0 ? Math.min(100, Math.round((100 * done) / total)) : 0;
   }
 
+  function tileText(s) {
+    // the edge, "104 (auto)" when the scheduler picked it, "auto" until it has
+    if (!s.tile_auto) return String(s.tile_size);
+    return s.tile_size ? s.tile_size + " (auto)" : "auto (not planned yet)";
+  }
+
   function progressBar(done, total) {
     const pct = percent(done, total);
     const bar = el("span", { class: "progress", title: done + " / " + total });
@@ -307,7 +313,9 @@
       event.preventDefault();
       const field = (name) => event.target.elements.namedItem(name).value.trim();
       const request = { project: field("project"), scene: field("scene") };
-      for (const name of ["width", "height", "spp", "tile_size", "priority"]) request[name] = Number(field(name));
+      for (const name of ["width", "height", "spp", "priority"]) request[name] = Number(field(name));
+      const tile = field("tile_size").toLowerCase();
+      request.tile_size = tile === "auto" ? "auto" : Number(tile);
       try {
         const reply = await post("/api/jobs", request);
         location.assign(jobUrl(reply.job_id));
@@ -497,7 +505,7 @@
       facts($("#job-facts"), [
         ["Project", s.project],
         ["Renderer", s.renderer],
-        ["Image", s.width + "×" + s.height + ", " + s.spp + " spp, tiles of " + s.tile_size],
+        ["Image", s.width + "×" + s.height + ", " + s.spp + " spp, tiles of " + tileText(s)],
         ["Progress", progressBar(s.samples_done, s.samples_total)],
         ["Tiles", s.tiles_done + " / " + s.tiles_total + " done"],
         ["Priority", String(s.priority)],
