@@ -37,7 +37,7 @@ RENDER_INSTALL = "pip install 'tessera[render]'"
 #: one means a client-only install, not a bug.
 RENDER_MODULES = frozenset(
     {"numba", "llvmlite", "numpy", "PIL", "asyncpg", "aioboto3", "aiobotocore", "boto3"}
-    | {"botocore", "uvloop", "prometheus_client", "OpenEXR", "Imath"}
+    | {"botocore", "uvloop", "prometheus_client", "OpenEXR", "Imath", "jinja2", "markupsafe"}
 )
 EXIT_USAGE = 2
 
