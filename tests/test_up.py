@@ -24,7 +24,9 @@ from services.cli.local import run_demo
 from tests.helpers import eventually_sync, pid_alive
 
 #: a tile that takes long enough to be caught mid-render, checkpointed every half second
-SLOW_JOB = ["--width", "32", "--height", "32", "--spp", "2000", "--tile", "16"]
+#: about 2 s a tile on one core (4 tiles): still rendering when a status poll (a CLI process,
+#: about a second on a loaded box) first looks, so the kill lands on a job in flight
+SLOW_JOB = ["--width", "32", "--height", "32", "--spp", "8000", "--tile", "16"]
 QUICK_JOB = ["--width", "32", "--height", "32", "--spp", "4", "--tile", "16"]
 
 
