@@ -23,9 +23,9 @@ from services.cli import main as cli_main
 from services.cli.local import run_demo
 from tests.helpers import eventually_sync, pid_alive
 
-#: a tile that takes long enough to be caught mid-render, checkpointed every half second
-#: about 2 s a tile on one core (4 tiles): still rendering when a status poll (a CLI process,
-#: about a second on a loaded box) first looks, so the kill lands on a job in flight
+#: a tile that takes long enough to be caught mid-render (about 2 s on one core, 4 tiles: a
+#: status poll, a CLI process taking about a second on a loaded box, finds the job in flight),
+#: checkpointed every half second
 SLOW_JOB = ["--width", "32", "--height", "32", "--spp", "8000", "--tile", "16"]
 QUICK_JOB = ["--width", "32", "--height", "32", "--spp", "4", "--tile", "16"]
 
