@@ -30,7 +30,7 @@ import json
 import os
 import urllib.request
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +89,9 @@ class Counters:
     sql_statements: int
     #: of which transaction control (BEGIN, COMMIT, ...)
     sql_control: int
+    #: coordination CPU seconds by process: ``nats``, ``postgres``, ``s3`` and each service
+    #: (a worker's kernel threads left out)
+    by_process: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def coordination_seconds(self) -> float:
@@ -105,6 +108,10 @@ class Counters:
             nats_out=self.nats_out - before.nats_out,
             sql_statements=self.sql_statements - before.sql_statements,
             sql_control=self.sql_control - before.sql_control,
+            by_process={
+                name: cpu - before.by_process.get(name, 0.0)
+                for name, cpu in self.by_process.items()
+            },
         )
 
     def per_tile(self, tiles: int) -> dict[str, float]:
@@ -117,6 +124,11 @@ class Counters:
             "sql_statements": self.sql_statements / tiles,
             "sql_control": self.sql_control / tiles,
         }
+
+    def by_process_ms(self, tiles: int) -> dict[str, float]:
+        """Coordination core-ms per tile of each process, largest first."""
+        rows = {name: 1000 * cpu / tiles for name, cpu in self.by_process.items()}
+        return dict(sorted(rows.items(), key=lambda kv: -kv[1]))
 
 
 def nats_messages(monitor_port: int, host: str = "127.0.0.1") -> tuple[int, int]:
@@ -219,12 +231,23 @@ class CounterReader:
         NATS monitor, one query) falls after the CPU reading, and the SQL query is left out of
         the statement count.
         """
-        pids = [*self.stack.pids(), *service_pids.values()]
-        cpu = sum(process_tree_cpu(pid) for pid in pids)
+        named = {
+            name: server.proc.pid
+            for name, server in (
+                ("nats", self.stack.nats),
+                ("postgres", self.stack.postgres),
+                ("s3", self.stack.s3),
+            )
+            if server is not None and server.proc.pid is not None and server.proc.alive()
+        } | dict(service_pids)
+        by_process = {name: process_tree_cpu(pid) for name, pid in named.items()}
+        cpu = sum(by_process.values())
         kernel: dict[int, float] = {}
         for name, pid in service_pids.items():
             if name.startswith("worker"):
-                kernel |= threads_named(pid, KERNEL_THREAD_PREFIX)
+                threads = threads_named(pid, KERNEL_THREAD_PREFIX)
+                by_process[name] -= sum(threads.values())
+                kernel |= threads
         nats_in, nats_out = nats_messages(self.stack.nats.monitor_port)
         statements, control = await sql_counts(self.conn)
         return Counters(
@@ -235,6 +258,7 @@ class CounterReader:
             nats_out=nats_out,
             sql_statements=statements,
             sql_control=control,
+            by_process=by_process,
         )
 
 

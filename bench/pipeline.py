@@ -422,6 +422,7 @@ def main() -> None:
                 f"{med:+.1f} %, bests {best:+.1f} % (target <= +{TARGET_OVERHEAD:g} %)"
             )
             print(f"    per tile (64 tiles, median of rounds): {_per_tile_line(counters, 64)}")
+            print(f"    by process (last round): {_by_process(counters[-1], 64)}")
             summary.append(
                 f"(a)  overhead, {CORES} shared cores      {med:+6.1f} %   "
                 f"(best {best:+.1f} %)   target <= +{TARGET_OVERHEAD:g} %"
@@ -469,6 +470,7 @@ def main() -> None:
                     + (f" (target >= {TARGET_TILES_PER_S:,})" if workers == 2 else "")
                 )
                 print(f"    per tile: {_per_tile_line([tc], tiles)}")
+                print(f"    coordination core-ms per tile by process: {_by_process(tc, tiles)}")
                 target = f"target >= {TARGET_TILES_PER_S:,}" if workers == 2 else ""
                 summary.append(
                     f"(b)  tiles/s, {workers} worker process(es)    "
@@ -487,6 +489,10 @@ def main() -> None:
     if summary:
         print("\nsummary (issue 19 targets; medians of side-by-side rounds)")
         print("\n".join(summary))
+
+
+def _by_process(counters: Counters, tiles: int) -> str:
+    return ", ".join(f"{n} {ms:.2f}" for n, ms in counters.by_process_ms(tiles).items())
 
 
 def _summary_counters(label: str, rows: list[dict[str, float]]) -> str:
