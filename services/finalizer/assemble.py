@@ -25,6 +25,7 @@ from kernel.rect import Rect
 from proto import names as n
 from proto.messages import JobEvent, TileDone
 from services.finalizer.cache import ReadAhead, Result
+from services.finalizer.probe import ReadyProbe
 from shared.core import crash
 from shared.core.errors import DecodeError, RetryableError, TerminalError
 from shared.core.lifecycle import IllegalTransition, JobState, JobTrigger
@@ -36,7 +37,16 @@ from shared.service.announce import announce, fail_job
 from shared.service.heartbeat import Heartbeat
 from shared.service.logs import Log
 from shared.service.runtime import Runtime
-from shared.service.settle import ACK, DeadLetter, Delivery, Outcome, Retry, outcome_of, settle
+from shared.service.settle import (
+    ACK,
+    ACK_RECORDED,
+    DeadLetter,
+    Delivery,
+    Outcome,
+    Retry,
+    outcome_of,
+    settle,
+)
 from shared.service.tileresults import ResultMissing, committed_result
 
 __all__ = ["Finalizer", "ImageCorrupt", "ResultLost"]
@@ -70,6 +80,7 @@ class Finalizer:
         self.rt = rt
         self.log = rt.log.bind(component="finalizer")
         self.read_ahead = ReadAhead(rt.settings.finalizer.read_ahead_bytes)
+        self.probe = ReadyProbe(rt.db.all_tiles_done)
 
     async def handle(self, msg: Msg) -> None:
         """One tile-done event: finalize its job if every tile is done; ack last."""
@@ -84,7 +95,12 @@ class Finalizer:
             return DeadLetter(None, n.DLQ_UNIT_FINAL, exc)
         await self.read_ahead_result(done)
         try:
-            finished = await self.finalize(done.job_id, delivery)
+            # The cheap question first, shared by the events of a job that arrive together:
+            # most arrive while other tiles still run. Not ready: the tile's commit is the
+            # record, and the last tile's event will come (a lost ack only redelivers this one).
+            if not await self.probe.ready(done.job_id):
+                return ACK_RECORDED
+            finished = await self.finalize(done.job_id, delivery, probed=True)
         except (RetryableError, TerminalError) as exc:
             return self._failed(done.job_id, exc, delivery)
         # Not finished: another finalizer is at it; look again after its lease TTL.
@@ -139,13 +155,15 @@ class Finalizer:
         self.rt.metrics.read_ahead_bytes.set(self.read_ahead.bytes)
         return held
 
-    async def finalize(self, job_id: str, delivery: Delivery | None) -> bool:
+    async def finalize(
+        self, job_id: str, delivery: Delivery | None, *, probed: bool = False
+    ) -> bool:
         """Finalize ``job_id`` if it is ready; False when another finalizer holds its lease
-        (the message must be retried later). ``delivery`` is kept alive while it works."""
+        (the message must be retried later). ``delivery`` is kept alive while it works.
+        ``probed``: every tile was just seen done (the cheap question is not asked again)."""
         db = self.rt.db
-        # The cheap question first: most tile-done events arrive while other tiles still run,
-        # and the job row carries the whole scene document.
-        if not await db.all_tiles_done(job_id):
+        # The cheap question first: the job row carries the whole scene document.
+        if not probed and not await db.all_tiles_done(job_id):
             return True  # nothing to do now; the last tile's event will come
         job = await db.get_job(job_id)
         if job is None or job.state in _SETTLED:

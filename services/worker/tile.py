@@ -49,6 +49,7 @@ from shared.objectstore import tile_result_key
 from shared.service.heartbeat import Heartbeat
 from shared.service.settle import (
     ACK,
+    ACK_RECORDED,
     HAND_BACK,
     DeadLetter,
     Delivery,
@@ -260,10 +261,10 @@ class TileRun:
         crash.crash_point("worker.after_commit")
         await self._announce(job, tile.tile_index, key, beat.lease.token)
         await cp.cleanup()  # (the commit closed the attempt as done)
-        await self._release(await beat.stop())
+        await self._keep_until_expiry(beat)
         crash.crash_point("worker.before_ack")
         self.committed = job.spp
-        return ACK
+        return ACK_RECORDED  # (the commit is the record: a lost ack redelivers a done tile)
 
     async def _refused(
         self, job: Job, tile: Tile, cp: Checkpoints, beat: Heartbeat, outcome: CommitOutcome
@@ -333,6 +334,17 @@ class TileRun:
         # An inline result (no object) is announced with an empty key; the row names it.
         done = TileDone(job.job_id, tile_index, self.attempt_id, result_key or "", job.input_hash)
         await self.ctx.events.tile_done(done, fence)
+
+    async def _keep_until_expiry(self, beat: Heartbeat) -> None:
+        """After our own commit: stop renewing, but leave the lease to its TTL.
+
+        The fenced commit already refuses every later write under this token, and any later
+        copy of the message finds the tile ``done`` before it asks for the lease, so a release
+        would buy nothing but a KV write and a round trip per tile
+        (docs/architecture.md, "Worker flow").
+        """
+        await beat.stop()
+        self.released = True
 
     async def _release(self, lease: Lease) -> None:
         if self.released:

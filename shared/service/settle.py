@@ -7,6 +7,9 @@ the :class:`Delivery`, which wraps the nats-py message and translates its errors
     ─────────────────────────────  ─────────────────────────────────────────────────────────
     Ack                            ack_sync, retried within a bound (an ack to a dead leader
                                    is lost otherwise)
+    Ack(confirm=False)             ack, not waited for: only where PostgreSQL already records
+                                   the work as done, so a lost ack costs one redelivery that
+                                   finds it done (ACK_RECORDED)
     Retry(delay)                   nak(delay): the message comes back after ``delay``
     HandBack                       nak() at once: another consumer takes it now (SIGTERM)
     DeadLetter(job, unit, error)   DLQ copy, then the handler's ``record`` of the failure,
@@ -44,6 +47,7 @@ from shared.service.runtime import Runtime
 
 __all__ = [
     "ACK",
+    "ACK_RECORDED",
     "HAND_BACK",
     "Ack",
     "DeadLetter",
@@ -59,7 +63,15 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Ack:
-    """Done with the message (success, or nothing left to do)."""
+    """Done with the message (success, or nothing left to do).
+
+    ``confirm``: wait for the server's confirmation of the ack (retried within a bound). Without
+    it the ack is sent and not waited for: a round trip less per message, for the paths whose
+    result PostgreSQL already holds (a committed tile, a tile-done event whose job is not yet
+    complete), where a lost ack only means a redelivery that finds the work done.
+    """
+
+    confirm: bool = True
 
 
 @dataclass(frozen=True)
@@ -100,6 +112,7 @@ class Leave:
 Outcome = Ack | Retry | HandBack | DeadLetter | Leave
 
 ACK = Ack()
+ACK_RECORDED = Ack(confirm=False)
 HAND_BACK = HandBack()
 
 #: copies a delivered message to the DLQ (``shared.service.deadletter.dead_letter`` bound to a
@@ -147,10 +160,14 @@ class Delivery:
         """How many times the message was delivered, this delivery included."""
         return int(self.msg.metadata.num_delivered)
 
-    async def ack(self) -> None:
-        """Acknowledge and wait for the server's confirmation (retried within a bound)."""
+    async def ack(self, *, confirm: bool = True) -> None:
+        """Acknowledge and wait for the server's confirmation (retried within a bound);
+        ``confirm=False``: send the ack and do not wait (see :class:`Ack`)."""
         if self.settled is None:
-            await ack_sync_retry(self.msg)
+            if confirm:
+                await ack_sync_retry(self.msg)
+            else:
+                await self._send("ack", self.msg.ack())
             self.settled = "ack"
 
     async def nak(self, delay: float | None = None) -> None:
@@ -186,8 +203,8 @@ class Delivery:
 async def settle(delivery: Delivery, outcome: Outcome) -> None:
     """Apply ``outcome`` to ``delivery`` (the one place an outcome becomes an action)."""
     match outcome:
-        case Ack():
-            await delivery.ack()
+        case Ack(confirm=confirm):
+            await delivery.ack(confirm=confirm)
         case Retry(delay=delay):
             await delivery.nak(delay)
         case HandBack():

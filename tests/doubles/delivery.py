@@ -24,6 +24,8 @@ class FakeDelivery(Delivery):
         self.delay: float | None = None
         self.letters: list[DeadLetter] = []
         self.in_progress_calls = 0
+        #: whether the ack waited for the server's confirmation (``None``: not acked)
+        self.confirmed: bool | None = None
 
     @property
     def data(self) -> bytes:
@@ -37,9 +39,9 @@ class FakeDelivery(Delivery):
     def deliveries(self) -> int:
         return self._count
 
-    async def ack(self) -> None:
+    async def ack(self, *, confirm: bool = True) -> None:
         if self.settled is None:
-            self.settled = "ack"
+            self.settled, self.confirmed = "ack", confirm
 
     async def nak(self, delay: float | None = None) -> None:
         if self.settled is None:

@@ -25,6 +25,7 @@ from shared.devstack.stack import Stack
 from shared.nats.jetstream import publish
 from shared.service.settle import (
     ACK,
+    ACK_RECORDED,
     HAND_BACK,
     Ack,
     DeadLetter,
@@ -85,6 +86,20 @@ async def test_ack_is_confirmed_once_and_a_later_settle_changes_nothing(js, stre
     await settle(d, Retry(0.0))  # a second settle of the same delivery: the first stands
     await d.in_progress()
     assert d.settled == "ack" and await _pending(js, stream) == (0, 0)
+
+
+async def test_an_unconfirmed_ack_is_sent_without_a_reply_and_settles_once(js, nc, stream, fetch):
+    d = Delivery(await fetch(), Copies(js, stream))
+    await settle(d, ACK_RECORDED)
+    assert d.settled == "ack"
+    await nc.flush()  # the ack is on the wire; the server applies it in order after the PING
+
+    async def acked() -> bool:
+        return await _pending(js, stream) == (0, 0)
+
+    await eventually(acked, timeout=5, what="the unconfirmed ack applied")
+    await settle(d, Retry(0.0))  # the first settle stands
+    assert d.settled == "ack"
 
 
 async def test_retry_naks_with_its_delay_and_hand_back_at_once(js, stream, fetch):

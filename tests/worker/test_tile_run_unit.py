@@ -27,7 +27,7 @@ from services.worker.renderers.tessera import TesseraKernel
 from services.worker.scenes import SceneCache
 from services.worker.tile import TileRun
 from shared.core.config import LeaseSettings, WorkerSettings
-from shared.core.errors import LeaseLost, StoreUnavailable, TerminalError
+from shared.core.errors import LeaseLost, RetryableError, StoreUnavailable, TerminalError
 from shared.core.lifecycle import JobTrigger, TileState
 from shared.core.retry import RetryPolicy
 from shared.core.tiles import Accumulator
@@ -186,8 +186,25 @@ async def test_finished_commits_then_acks(rig: Rig):
         tile_run.attempt_id,
     )
     assert fence == tile_run.token
-    assert await rig.leases.holder(rig.lease_key()) is None, "released before the ack"
+    # The commit fences every later write, so the lease is left to its TTL, not released,
+    # and the ack is not waited for (the commit is the record).
+    held = await rig.leases.holder(rig.lease_key())
+    assert held is not None and held[0].attempt_id == tile_run.attempt_id
+    assert d.confirmed is False
     assert rig.count("tessera_tiles_completed_total") == 1
+
+
+async def test_a_failed_attempt_still_releases_its_lease(rig: Rig):
+    """Only the committed tile keeps its lease until the TTL: every other end gives it up, so
+    the next attempt need not wait a TTL."""
+
+    async def fail(end: int) -> None:
+        raise RetryableError("transient")
+
+    rig.kernels.after_pass = fail
+    _, d = await rig.run()
+    assert d.settled == "nak" and d.confirmed is None
+    assert await rig.leases.holder(rig.lease_key()) is None
 
 
 async def test_lease_lost_settles_nothing(rig: Rig):
