@@ -33,7 +33,7 @@ class ReadyProbe:
     def __init__(self, all_done: Callable[[str], Awaitable[bool]]) -> None:
         self._all_done = all_done
         self._jobs: dict[str, _Job] = {}
-        #: queries actually run (for the tests and the bench)
+        #: queries actually run (the tests count them)
         self.queries = 0
 
     async def ready(self, job_id: str) -> bool:

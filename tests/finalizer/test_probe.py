@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from services.finalizer.probe import ReadyProbe
+from tests.helpers import eventually
 
 
 class Db:
@@ -12,12 +13,12 @@ class Db:
 
     def __init__(self) -> None:
         self.done = False
-        self.started: list[bool] = []
+        self.started = asyncio.Event()
         self.gate = asyncio.Event()
 
     async def all_done(self, job_id: str) -> bool:
         seen = self.done  # the query's snapshot is taken when it starts
-        self.started.append(seen)
+        self.started.set()
         await self.gate.wait()
         return seen
 
@@ -26,10 +27,10 @@ async def test_callers_that_arrive_during_a_query_share_the_next_one() -> None:
     db = Db()
     probe = ReadyProbe(db.all_done)
     first = asyncio.create_task(probe.ready("j"))
-    await asyncio.sleep(0)  # the first query starts, not done yet
+    await asyncio.wait_for(db.started.wait(), 5)  # the first query started, not done yet
     db.done = True  # the last tile commits; its event (and others) arrive during the query
     later = [asyncio.create_task(probe.ready("j")) for _ in range(5)]
-    await asyncio.sleep(0)
+    await eventually(lambda: probe._jobs["j"].asked == 6, timeout=5, what="six callers")
     db.gate.set()
     assert await first is False
     assert await asyncio.gather(*later) == [True] * 5, "answered by a query started after them"
