@@ -16,6 +16,7 @@ class                 fields
 ``JobMessage``        job_id, generation                        (``JOBS``, to the scheduler)
 ``TileMessage``       job_id, tile_index, generation            (``TILES``, to the workers)
 ``TileDone``          job_id, tile_index, attempt_id, result_key, input_hash   (``EVENTS``)
+``TilesDone``         job_id, completion            (``EVENTS``, to the finalizer)
 ``JobEvent``          job_id, kind, generation, detail, result_key | None      (``EVENTS``)
 ``DeadLetter``        job_id, unit, reason, error, source_stream, source_seq, deliveries,
                       subject, payload (the original message bytes)            (``DLQ``)
@@ -32,6 +33,7 @@ class                 headers
 ``JobMessage``        Kind ``job``, Job, Generation
 ``TileMessage``       Kind ``tile``, Job, Tile, Generation
 ``TileDone``          Kind ``tile-done``, Job, Tile, Attempt
+``TilesDone``         Kind ``tiles-done``, Job
 ``JobEvent``          Kind (the event kind, e.g. ``job-completed``), Job, Generation
 ``DeadLetter``        Kind ``dead-letter``, Job, Unit, Tile (``tile-<i>`` units), Reason, Source
                       (``<stream>:<seq>``), Deliveries
@@ -230,6 +232,22 @@ class TileDone(Message):
 
 
 @dataclass(frozen=True, slots=True)
+class TilesDone(Message):
+    """Every tile of the job is done: the finalizer's cue. ``completion`` is the newest
+    ``lease_fence`` among its tiles when they were seen all done (the event's id)."""
+
+    job_id: str
+    completion: int
+
+    def headers(self) -> dict[str, str]:
+        """Kind ``tiles-done`` and job id."""
+        return {
+            n.HDR_KIND: EventKind.TILES_DONE.value,
+            n.HDR_JOB: header_value(self.job_id),
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class JobEvent(Message):
     """A job-level fact for watchers: completed, failed, cancelled, dead-lettered, retried."""
 
@@ -242,6 +260,8 @@ class JobEvent(Message):
     def __post_init__(self) -> None:
         if EventKind(self.kind) is EventKind.TILE_DONE:
             raise ValueError("kind tile-done is a TileDone message, not a JobEvent")
+        if EventKind(self.kind) is EventKind.TILES_DONE:
+            raise ValueError("kind tiles-done is a TilesDone message, not a JobEvent")
 
     def headers(self) -> dict[str, str]:
         """Kind (the event kind, e.g. ``job-completed``), job id and generation."""

@@ -64,6 +64,8 @@ BUCKET_PROGRESS = "tessera-progress"
 BUCKET_WORKERS = "tessera-workers"
 
 QUEUE_GROUP_GATEWAY = "tessera-gateway"
+QUEUE_GROUP_READ_AHEAD = "tessera-finalizer-read-ahead"
+"""Queue group the finalizers share on the tile-done events (each result read ahead once)."""
 
 HDR_KIND = "Tessera-Kind"
 """Header: what the message is: ``job``, ``tile``, an :class:`EventKind` or ``dead-letter``."""
@@ -96,6 +98,7 @@ class EventKind(StrEnum):
     """The last token of an ``EVENTS`` subject."""
 
     TILE_DONE = "tile-done"
+    TILES_DONE = "tiles-done"
     JOB_COMPLETED = "job-completed"
     JOB_FAILED = "job-failed"
     JOB_CANCELLED = "job-cancelled"
@@ -235,6 +238,17 @@ def done_msg_id(job_id: str, tile_index: int, fence: int) -> str:
     return f"done:{job}:{tile}:{check_index(fence, 'fence')}"
 
 
+def alldone_msg_id(job_id: str, completion: int) -> str:
+    """``Nats-Msg-Id`` of a tiles-done event: one fact per completion of a job's tiles.
+
+    ``completion`` is the newest ``lease_fence`` among the job's done tiles when every tile was
+    seen done: two workers that see the same completion report one fact; a completion after
+    tiles were rendered again (their results lost) has a newer fence, so it is a new fact.
+    """
+    job = check_token(job_id, "job_id")
+    return f"alldone:{job}:{check_index(completion, 'completion')}"
+
+
 def event_msg_id(job_id: str, kind: EventKind, generation: int) -> str:
     """``Nats-Msg-Id`` of a job event (completed, failed, ...) of one job generation."""
     job = check_token(job_id, "job_id")
@@ -307,6 +321,11 @@ class Names:
         return self._name(QUEUE_GROUP_GATEWAY)
 
     @property
+    def read_ahead_group(self) -> str:
+        """Queue group the finalizers share on the tile-done events (their read-ahead)."""
+        return self._name(QUEUE_GROUP_READ_AHEAD)
+
+    @property
     def jobs_subjects(self) -> str:
         """Wildcard captured by the ``JOBS`` stream."""
         return self._subject("tessera.jobs.>")
@@ -323,8 +342,13 @@ class Names:
 
     @property
     def tile_done_filter(self) -> str:
-        """Filter of the finalizer consumer: every job's tile-done events."""
+        """Every job's tile-done events (the dispatcher's nudges, the finalizer's read-ahead)."""
         return self._subject(f"tessera.events.*.{EventKind.TILE_DONE.value}")
+
+    @property
+    def tiles_done_filter(self) -> str:
+        """Filter of the finalizer consumer: every job's tiles-done events."""
+        return self._subject(f"tessera.events.*.{EventKind.TILES_DONE.value}")
 
     @property
     def dlq_subjects(self) -> str:

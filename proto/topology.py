@@ -51,9 +51,10 @@ DESCRIPTIONS: dict[str, str] = {
     "(headers Tessera-Kind/Job/Generation). Read by the scheduler (consumer scheduler-jobs).",
     n.STREAM_TILES: "Tessera tiles to render: one msgpack TileMessage per tile and generation "
     "(headers Tessera-Kind/Job/Tile/Generation). Read by the workers (consumer workers).",
-    n.STREAM_EVENTS: "Tessera facts, subject <job>.<kind>: msgpack TileDone (tile-done) and "
-    "JobEvent (job-completed, job-failed, ...), Tessera-Kind header = kind. tile-done is read by "
-    "the finalizer (consumer finalizer); job events by watchers (tessera watch).",
+    n.STREAM_EVENTS: "Tessera facts, subject <job>.<kind>: msgpack TileDone (tile-done), "
+    "TilesDone (tiles-done) and JobEvent (job-completed, job-failed, ...), Tessera-Kind header = "
+    "kind. tiles-done is read by the finalizer (consumer finalizer); tile-done and job events "
+    "by watchers (tessera watch, the console).",
     n.STREAM_DLQ: "Tessera dead letters: msgpack DeadLetter holding the original message and "
     "why it failed (headers Tessera-Kind/Job/Unit/Reason/Source). Read by operators: tessera "
     "dlq list/show/requeue/purge.",
@@ -72,13 +73,13 @@ DESCRIPTIONS: dict[str, str] = {
     n.CONSUMER_SCHEDULER_JOBS: "Scheduler: plans each job into tile rows; its dispatcher "
     "releases them into TILES as workers have room.",
     n.CONSUMER_WORKERS: "Workers with the tessera renderer (numba kernel): render one tile per "
-    "message, commit it, publish tile-done.",
+    "message, commit it, publish tile-done (tiles-done after a job's last tile).",
     n.workers_consumer("blender"): "Workers with Blender (Cycles) on PATH: render one tile per "
-    "message, commit it, publish tile-done.",
+    "message, commit it, publish tile-done (tiles-done after a job's last tile).",
     n.workers_consumer("povray"): "Workers with POV-Ray on PATH: render one tile per message, "
-    "commit it, publish tile-done.",
-    n.CONSUMER_FINALIZER: "Finalizer: tile-done events; assembles a job's image once every "
-    "tile is done, then publishes job-completed.",
+    "commit it, publish tile-done (tiles-done after a job's last tile).",
+    n.CONSUMER_FINALIZER: "Finalizer: tiles-done events (every tile of a job is done); "
+    "assembles the job's image, then publishes job-completed.",
     n.CONSUMER_SCHEDULER_ADVISORIES: "Scheduler: copies the message an exhausted-delivery "
     "advisory names to DLQ and fails its tile and job.",
 }
@@ -194,7 +195,7 @@ class Topology:
             ),
             (
                 nm.stream(n.STREAM_EVENTS),
-                self._consumer(n.CONSUMER_FINALIZER, nm.tile_done_filter),
+                self._consumer(n.CONSUMER_FINALIZER, nm.tiles_done_filter),
             ),
             (
                 nm.stream(n.STREAM_ADVISORIES),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 
 from proto import names as n
@@ -14,16 +15,21 @@ from shared.service.runtime import Runtime, service_main
 async def run(rt: Runtime, stop: asyncio.Event) -> None:
     """Finalize jobs until ``stop``."""
     finalizer = Finalizer(rt)
-    await consume(
-        rt.js,
-        stream=rt.names.stream(n.STREAM_EVENTS),
-        durable=n.CONSUMER_FINALIZER,
-        handler=finalizer.handle,
-        in_hand=rt.settings.finalizer.in_hand,
-        stop=stop,
-        log=rt.log,
-        grace=rt.settings.process.grace_period,
-    )
+    read_ahead = await finalizer.subscribe_read_ahead()
+    try:
+        await consume(
+            rt.js,
+            stream=rt.names.stream(n.STREAM_EVENTS),
+            durable=n.CONSUMER_FINALIZER,
+            handler=finalizer.handle,
+            in_hand=rt.settings.finalizer.in_hand,
+            stop=stop,
+            log=rt.log,
+            grace=rt.settings.process.grace_period,
+        )
+    finally:
+        with contextlib.suppress(Exception):
+            await read_ahead.unsubscribe()
 
 
 def main() -> int:

@@ -19,13 +19,13 @@ from dataclasses import replace
 from typing import Any
 
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
 import kernel.image  # numpy and Pillow load at start-up, not in the first finalization
 from kernel.rect import Rect
 from proto import names as n
-from proto.messages import JobEvent, TileDone
+from proto.messages import JobEvent, TileDone, TilesDone
 from services.finalizer.cache import ReadAhead, Result
-from services.finalizer.probe import ReadyProbe
 from shared.core import crash
 from shared.core.errors import DecodeError, RetryableError, TerminalError
 from shared.core.lifecycle import IllegalTransition, JobState, JobTrigger
@@ -39,7 +39,6 @@ from shared.service.logs import Log
 from shared.service.runtime import Runtime
 from shared.service.settle import (
     ACK,
-    ACK_RECORDED,
     DeadLetter,
     Delivery,
     Outcome,
@@ -74,33 +73,45 @@ class ImageCorrupt(RetryableError):
 
 
 class Finalizer:
-    """Handles tile-done events."""
+    """Handles tiles-done events (and reads tile results ahead from the tile-done events)."""
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
         self.log = rt.log.bind(component="finalizer")
         self.read_ahead = ReadAhead(rt.settings.finalizer.read_ahead_bytes)
-        self.probe = ReadyProbe(rt.db.all_tiles_done)
+
+    async def subscribe_read_ahead(self) -> Subscription:
+        """The read-ahead's plain subscription to every tile-done event, shared by the
+        finalizers in one queue group (each result is read ahead by one of them). Best effort:
+        an event it misses (a finalizer down, a slow consumer) is read at finalization."""
+        sub = await self.rt.nc.subscribe(
+            self.rt.names.tile_done_filter, queue=self.rt.names.read_ahead_group,
+            cb=self._on_tile_done,
+        )  # fmt: skip
+        await self.rt.nc.flush()  # the server has it: the events from now on are delivered
+        return sub
+
+    async def _on_tile_done(self, msg: Msg) -> None:
+        try:
+            done = TileDone.decode(msg.data)
+        except DecodeError as exc:
+            self.log.debug("read-ahead: undecodable tile-done event", error=str(exc))
+            return
+        await self.read_ahead_result(done)
 
     async def handle(self, msg: Msg) -> None:
-        """One tile-done event: finalize its job if every tile is done; ack last."""
+        """One tiles-done event: finalize its job; ack last."""
         delivery = Delivery.of(self.rt, msg)
         await settle(delivery, await self.outcome(delivery))
 
     async def outcome(self, delivery: Delivery) -> Outcome:
-        """Handle the delivered tile-done event; what to do with it."""
+        """Handle the delivered tiles-done event; what to do with it."""
         try:
-            done = TileDone.decode(delivery.data)
+            done = TilesDone.decode(delivery.data)
         except DecodeError as exc:
             return DeadLetter(None, n.DLQ_UNIT_FINAL, exc)
-        await self.read_ahead_result(done)
         try:
-            # The cheap question first, shared by the events of a job that arrive together:
-            # most arrive while other tiles still run. Not ready: the tile's commit is the
-            # record, and the last tile's event will come (a lost ack only redelivers this one).
-            if not await self.probe.ready(done.job_id):
-                return ACK_RECORDED
-            finished = await self.finalize(done.job_id, delivery, probed=True)
+            finished = await self.finalize(done.job_id, delivery)
         except (RetryableError, TerminalError) as exc:
             return self._failed(done.job_id, exc, delivery)
         # Not finished: another finalizer is at it; look again after its lease TTL.
@@ -155,16 +166,15 @@ class Finalizer:
         self.rt.metrics.read_ahead_bytes.set(self.read_ahead.bytes)
         return held
 
-    async def finalize(
-        self, job_id: str, delivery: Delivery | None, *, probed: bool = False
-    ) -> bool:
+    async def finalize(self, job_id: str, delivery: Delivery | None) -> bool:
         """Finalize ``job_id`` if it is ready; False when another finalizer holds its lease
-        (the message must be retried later). ``delivery`` is kept alive while it works.
-        ``probed``: every tile was just seen done (the cheap question is not asked again)."""
+        (the message must be retried later). ``delivery`` is kept alive while it works."""
         db = self.rt.db
-        # The cheap question first: the job row carries the whole scene document.
-        if not probed and not await db.all_tiles_done(job_id):
-            return True  # nothing to do now; the last tile's event will come
+        # The cheap question first (the job row carries the whole scene document). Not ready:
+        # an event of an older completion (tiles sent back to rendering since); the next
+        # completion announces itself.
+        if not await db.all_tiles_done(job_id):
+            return True
         job = await db.get_job(job_id)
         if job is None or job.state in _SETTLED:
             self._take_held(job_id)

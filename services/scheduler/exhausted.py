@@ -14,7 +14,7 @@ from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError as StreamMsgNotFound
 
 from proto import names as n
-from proto.messages import JobMessage, TileDone, TileMessage
+from proto.messages import JobMessage, TileDone, TileMessage, TilesDone
 from shared.core.errors import DecodeError, RetryableError
 from shared.core.lifecycle import JobTrigger, TileTrigger, is_terminal
 from shared.metadata import AttemptOutcome
@@ -91,8 +91,8 @@ class Exhausted:
             if stream == self.tiles:
                 tile = TileMessage.decode(data)
                 return tile.job_id, tile.tile_index, n.dlq_unit_tile(tile.tile_index)
-            if stream == self.events:
-                return TileDone.decode(data).job_id, None, n.DLQ_UNIT_FINAL
+            if stream == self.events:  # the finalizer's consumer reads tiles-done events
+                return _event_job(data), None, n.DLQ_UNIT_FINAL
             return JobMessage.decode(data).job_id, None, n.DLQ_UNIT_JOB
         except DecodeError:
             return None, None, n.DLQ_UNIT_JOB
@@ -125,3 +125,12 @@ class Exhausted:
             return
         await fail_job(self.rt, job_id, JobTrigger.DEAD_LETTER, code=REASON, error=error,
                        log=self.log)  # fmt: skip
+
+
+def _event_job(data: bytes) -> str:
+    """The job of an exhausted finalizer event: a tiles-done event, or a tile-done event the
+    consumer read before it was filtered to tiles-done (a deployment upgraded mid-job)."""
+    try:
+        return TilesDone.decode(data).job_id
+    except DecodeError:
+        return TileDone.decode(data).job_id

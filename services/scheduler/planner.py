@@ -15,13 +15,13 @@ from nats.aio.msg import Msg
 
 from proto import names as n
 from proto.limits import AUTO_TILE_STEP, auto_tile_edge
-from proto.messages import JobMessage, TileDone
+from proto.messages import JobMessage, TilesDone
 from proto.povray import BLOCK as POVRAY_BLOCK
 from shared.core import crash
 from shared.core.errors import RetryableError, TerminalError
 from shared.core.lifecycle import IllegalTransition, TileState, is_terminal
 from shared.core.tiles import plan_rects
-from shared.metadata import Job, Tile
+from shared.metadata import Job
 from shared.nats.jetstream import publish
 from shared.nats.presence import LiveWorkers, capacity
 from shared.service.runtime import Runtime
@@ -86,7 +86,7 @@ class Planner:
         if todo:
             self.on_planned()
         if tiles and all(t.state is TileState.DONE for t in tiles):
-            await self._finalize_again(job_msg, tiles[-1], job.input_hash)
+            await self._finalize_again(job_msg, max(t.lease_fence for t in tiles))
         self.log.info("planned", job_id=job.job_id, tiles=len(tiles), to_render=len(todo))
 
     async def auto_edge(self, job: Job) -> int:
@@ -119,15 +119,14 @@ class Planner:
             return 1
         return max(1, capacity(live, 1.0).get(renderer, 0))
 
-    async def _finalize_again(self, job_msg: JobMessage, last: Tile, input_hash: str) -> None:
+    async def _finalize_again(self, job_msg: JobMessage, completion: int) -> None:
         """Every tile is already done (a retried job whose finalization failed): hand the job
-        to the finalizer again with a tile-done event of this job generation."""
-        done = TileDone(job_msg.job_id, last.tile_index, "planner", last.result_key or "",
-                        input_hash)  # fmt: skip
+        to the finalizer again with a tiles-done event of this job generation (``completion``:
+        the newest fence among its tiles)."""
+        done = TilesDone(job_msg.job_id, completion)
         await publish(
             self.rt.js,
-            self.rt.names.event_subject(job_msg.job_id, n.EventKind.TILE_DONE),
+            self.rt.names.event_subject(job_msg.job_id, n.EventKind.TILES_DONE),
             done,
-            msg_id=f"{n.done_msg_id(job_msg.job_id, last.tile_index, last.lease_fence)}"
-            f":gen{job_msg.generation}",
+            msg_id=f"{n.alldone_msg_id(done.job_id, completion)}:gen{job_msg.generation}",
         )

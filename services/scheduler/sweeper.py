@@ -16,6 +16,14 @@ live, row unchanged: no fence, progress, commit or publish since) and moves it t
 generation; only the claimed tiles are re-published, under the new generation in their
 ``Nats-Msg-Id`` (the old id may still sit in the duplicate window).
 
+Each sweep also looks for **lost completions**: jobs whose every tile has been done for more
+than ``TESSERA_SWEEP_AGE`` while no finalizer took them (still running, progressing or paused).
+The worker whose commit completes a job announces it with a tiles-done event; were that event
+lost (a stream purged, a deployment upgraded while the finalizer consumer still held tile-done
+events), nothing else would finalize the job. When the finalizer consumer has nothing pending
+or in delivery (so the finalizers are not simply behind, and at most one copy per job waits),
+the sweeper publishes a tiles-done event for each, under a fresh id.
+
 Everything the claim acts on was observed after the snapshot and within
 :attr:`Sweeper.max_snapshot_age` of it; a pass that took longer (a leader election stalling the
 reads) drops its observations and starts over from a fresh snapshot.
@@ -29,10 +37,11 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 
+from nats.js import api
 from nats.js.errors import NotFoundError as StreamMsgNotFound
 
 from proto import names as n
-from proto.messages import JobMessage
+from proto.messages import JobMessage, TilesDone
 from shared.core.errors import RetryableError
 from shared.core.pauses import pause_point
 from shared.metadata import Tile
@@ -84,6 +93,7 @@ class Sweeper:
         are re-published too)."""
         age = self.rt.settings.sweeper.age
         await self._republish_lost_jobs(age)
+        await self._announce_lost_completions(age)
         loop = asyncio.get_running_loop()
         for _ in range(SNAPSHOT_ROUNDS):
             taken = loop.time()
@@ -198,6 +208,33 @@ class Sweeper:
                 msg_id=n.swept_job_msg_id(job.job_id, job.generation, int(time.time())),
             )
             self.log.warning("re-published a lost job", job_id=job.job_id)
+
+    async def _announce_lost_completions(self, age: float) -> list[str]:
+        """Publish a tiles-done event for each job complete for ``age`` s that no finalizer
+        took, when the finalizer consumer has nothing pending; the jobs announced."""
+        lost = await self.rt.db.unfinalized_jobs(older_than=age)
+        if not lost:
+            return []
+        events = self.rt.names.stream(n.STREAM_EVENTS)
+
+        async def attempt(budget: float) -> api.ConsumerInfo:
+            return await asyncio.wait_for(
+                self.rt.js.consumer_info(events, n.CONSUMER_FINALIZER), budget
+            )
+
+        info = await retry_transient("finalizer consumer info", attempt, timeout_total=READ_TIMEOUT)
+        if info.num_pending or info.num_ack_pending:
+            return []  # the finalizers have events to take first: the job's may be among them
+        stamp = int(time.time())
+        for job_id, completion in lost:
+            await publish(
+                self.rt.js,
+                self.rt.names.event_subject(job_id, n.EventKind.TILES_DONE),
+                TilesDone(job_id, completion),
+                msg_id=f"{n.alldone_msg_id(job_id, completion)}:swept{stamp}",
+            )
+            self.log.warning("announced a lost completion", job_id=job_id, completion=completion)
+        return [job_id for job_id, _ in lost]
 
     async def _in_stream(self, stream: str, subject: str) -> bool:
         """True if a message on ``subject`` is still in ``stream`` (pending or in delivery)."""

@@ -5,7 +5,7 @@ is decoded once and sent to every client watching it as::
 
     id: <n>
     event: <kind>              (tile-done, job-completed, job-paused, ...)
-    data: <the TileDone or JobEvent as JSON>
+    data: <the TileDone, TilesDone or JobEvent as JSON>
 
 One NATS subscription serves every client of a stream: ``tessera.events.>`` while any client of
 ``/api/events`` is connected, ``tessera.events.<job>.>`` while any client of that job's stream is;
@@ -36,7 +36,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from proto.messages import JobEvent, TileDone
+from proto.messages import JobEvent, TileDone, TilesDone
 from proto.names import ApiVerb, EventKind, Names
 from proto.replies import ApiError
 from services.client.api import TesseraClient
@@ -61,6 +61,8 @@ def decode_event(subject: str, data: bytes) -> tuple[str, dict[str, Any]] | None
     try:
         if kind == EventKind.TILE_DONE.value:
             return kind, dataclasses.asdict(TileDone.decode(data))
+        if kind == EventKind.TILES_DONE.value:
+            return kind, dataclasses.asdict(TilesDone.decode(data))
         if kind in {k.value for k in EventKind}:
             fields = dataclasses.asdict(JobEvent.decode(data))
             fields["kind"] = EventKind(fields["kind"]).value

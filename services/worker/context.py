@@ -19,7 +19,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from proto import names as n
-from proto.messages import TileDone
+from proto.messages import TileDone, TilesDone
 from services.worker.renderers import Renderer
 from services.worker.scenes import SceneCache
 from shared.core.config import LeaseSettings, WorkerSettings
@@ -61,6 +61,8 @@ class TileStore(Protocol):
     async def is_cancel_requested(self, job_id: str) -> bool: ...
 
     async def job_control(self, job_id: str) -> JobControl: ...
+
+    async def completed_by(self, job_id: str) -> int | None: ...
 
     async def unrelease_tile(
         self,
@@ -261,6 +263,9 @@ class TileEvents(Protocol):
     async def tile_done(self, done: TileDone, fence: int) -> None:
         """Announce a committed tile (``fence``: the committing owner's token, in the id)."""
 
+    async def tiles_done(self, done: TilesDone) -> None:
+        """Announce that every tile of a job is done (the finalizer's cue)."""
+
     async def job_failed(self, job_id: str, error: TerminalError) -> None:
         """Fail the tile's job for good (if still legal) and tell watchers."""
 
@@ -278,6 +283,16 @@ class NatsTileEvents:
             self.rt.names.event_subject(done.job_id, n.EventKind.TILE_DONE),
             done,
             msg_id=n.done_msg_id(done.job_id, done.tile_index, fence),
+        )
+        self.rt.metrics.published(ack)
+
+    async def tiles_done(self, done: TilesDone) -> None:
+        """Publish ``done`` under ``alldone:<job>:<completion>`` (a repeat is absorbed)."""
+        ack = await publish(
+            self.rt.js,
+            self.rt.names.event_subject(done.job_id, n.EventKind.TILES_DONE),
+            done,
+            msg_id=n.alldone_msg_id(done.job_id, done.completion),
         )
         self.rt.metrics.published(ack)
 

@@ -10,7 +10,8 @@
    lease between passes — the render ends :class:`Finished` or :class:`Stopped` (a
    :class:`~services.worker.context.StopReason`);
 6. write the result (content-addressed), commit it **fenced**;
-7. publish tile-done, clean up, release the lease, **then ack**.
+7. publish tile-done (and tiles-done if this commit completed the job), clean up, leave the
+   lease to its TTL, **then ack**.
 
 Every step ends in a typed outcome (:mod:`shared.service.settle`) and :meth:`TileRun.run` settles
 the message once: success → ack, retryable → ``nak(delay)``, terminal → DLQ copy + ``term()``, lease
@@ -29,7 +30,7 @@ import uuid
 from dataclasses import replace
 
 from proto import names as n
-from proto.messages import TileDone, TileMessage
+from proto.messages import TileDone, TileMessage, TilesDone
 from services.worker.checkpoints import Checkpoints
 from services.worker.context import StopReason, TileContext
 from services.worker.render import Finished, Render, Stopped, pass_size
@@ -334,6 +335,13 @@ class TileRun:
         # An inline result (no object) is announced with an empty key; the row names it.
         done = TileDone(job.job_id, tile_index, self.attempt_id, result_key or "", job.input_hash)
         await self.ctx.events.tile_done(done, fence)
+        # Asked after the commit: of several commits that finish a job together, the last one
+        # sees them all, so the job's completion is always announced (a crash before it leaves
+        # the message unacked, and its redelivery finds the tile done and comes back here).
+        completion = await self.ctx.db.completed_by(job.job_id)
+        if completion is not None:
+            crash.crash_point("worker.before_tiles_done")
+            await self.ctx.events.tiles_done(TilesDone(job.job_id, completion))
 
     async def _keep_until_expiry(self, beat: Heartbeat) -> None:
         """After our own commit: stop renewing, but leave the lease to its TTL.

@@ -24,13 +24,14 @@ POINTS = frozenset(
         "worker.during_renew",  # between the renew request and its reply being used
         "worker.after_result_write",  # tile result in the object store, not yet committed
         "worker.after_commit",  # committed in Postgres, tile-done not yet published
+        "worker.before_tiles_done",  # the job's last commit announced, tiles-done not yet out
         "worker.blender_mid_pass",  # Blender is rendering a pass (request sent, no reply yet)
-        "worker.before_ack",  # tile-done published, lease released, message not yet acked
+        "worker.before_ack",  # tile-done (and tiles-done) published, message not yet acked
         "worker.after_pause_checkpoint",  # paused job: checkpoint written, tile still leased
         "worker.before_unrelease",  # paused job: about to hand the tile back unreleased
         "finalizer.after_finalizing",  # job moved to finalizing, nothing written yet
         "finalizer.after_image_write",  # final image written, metadata not yet updated
-        "finalizer.after_complete",  # job completed, tile-done not yet acked
+        "finalizer.after_complete",  # job completed, tiles-done not yet acked
         "scheduler.after_plan",  # tile rows written (unreleased), the dispatcher not yet woken
         "scheduler.after_release",  # tiles released (rows stamped), none of them published
         "scheduler.mid_publish",  # half of a release's tiles published, the rest not

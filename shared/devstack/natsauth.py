@@ -172,6 +172,7 @@ def permissions(
             dlq,
             ev(n.EventKind.JOB_DEAD_LETTERED),
             ev(n.EventKind.JOB_FAILED),  # the deadline check fails overdue jobs
+            ev(n.EventKind.TILES_DONE),  # the planner: a retried job whose tiles are all done
             *(f"{API}.STREAM.MSG.GET.{s(b)}" for b in (n.STREAM_JOBS, n.STREAM_TILES)),
             f"{API}.STREAM.MSG.GET.{s(n.STREAM_EVENTS)}",
             *(f"{API}.STREAM.MSG.DELETE.{s(b)}" for b in (n.STREAM_JOBS, n.STREAM_TILES)),
@@ -184,6 +185,7 @@ def permissions(
             *_kv(progress, "tile.>"),
             *_kv(workers, "worker.>"),
             ev(n.EventKind.TILE_DONE),
+            ev(n.EventKind.TILES_DONE),
             ev(n.EventKind.JOB_FAILED),
             ev(n.EventKind.JOB_DEAD_LETTERED),
             dlq,
@@ -227,6 +229,8 @@ def _service_subscriptions(nm: n.Names) -> dict[str, list[str]]:
         ],
         # the dispatcher's nudges: a tile finished (a worker has room), a job resumed
         "scheduler": [nm.tile_done_filter, nm.event_filter(n.EventKind.JOB_RESUMED)],
+        # the read-ahead: each tile-done event to one finalizer of the group
+        "finalizer": [f"{nm.tile_done_filter} {nm.read_ahead_group}"],
     }
 
 

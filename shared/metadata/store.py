@@ -474,6 +474,11 @@ class MetadataStore(StoreBase):
         """True once the job is planned and every tile is done."""
         return await self._read("all_tiles_done", lambda c: tiles.all_done(c, job_id))
 
+    async def completed_by(self, job_id: str) -> int | None:
+        """None until the job is planned and every tile is done; then the newest lease fence
+        among its tiles (:func:`shared.metadata.tiles.completed_by`)."""
+        return await self._read("completed_by", lambda c: tiles.completed_by(c, job_id))
+
     async def stale_tiles(
         self, *, older_than: float, limit: int = 100, after: tiles.StaleKey | None = None
     ) -> list[Tile]:
@@ -503,6 +508,17 @@ class MetadataStore(StoreBase):
         insert and the publish), oldest first. Their scenes are left out of the rows."""
         return await self._read(
             "stale_queued_jobs", lambda c: jobs.stale_queued(c, older_than=older_than, limit=limit)
+        )
+
+    async def unfinalized_jobs(
+        self, *, older_than: float, limit: int = 100
+    ) -> list[tuple[str, int]]:
+        """For the sweeper: ``(job_id, completion)`` of jobs whose tiles have all been done for
+        more than ``older_than`` seconds while no finalizer took them
+        (:func:`shared.metadata.tiles.unfinalized`)."""
+        return await self._read(
+            "unfinalized_jobs",
+            lambda c: tiles.unfinalized(c, older_than=older_than, limit=limit),
         )
 
     async def job_events(self, job_id: str) -> list[AuditEvent]:

@@ -305,6 +305,58 @@ async def all_done(conn: Conn, job_id: str) -> bool:
     return bool(value)
 
 
+_COMPLETED_BY = f"""
+SELECT CASE WHEN j.tiles_total > 0 AND NOT EXISTS
+         (SELECT 1 FROM tiles t WHERE t.job_id = j.job_id AND t.state <> '{TileState.DONE.value}')
+       THEN (SELECT max(t.lease_fence) FROM tiles t WHERE t.job_id = j.job_id) END AS completion,
+       true AS found
+FROM jobs j WHERE j.job_id = $1
+"""
+
+
+async def completed_by(conn: Conn, job_id: str) -> int | None:
+    """None while the job is unplanned or a tile is not ``done``; else the newest
+    ``lease_fence`` among its tiles, which names this completion (a tile rendered again after
+    its result was lost commits under a newer fence, so the next completion has a new name).
+
+    The worker asks after each commit it announces: the commit that completes a job is seen by
+    the question asked after it, so the last of several concurrent commits always sees all.
+    """
+    row = await conn.fetchrow(_COMPLETED_BY, job_id)
+    if row is None:
+        raise NotFoundError(f"job {job_id} does not exist")
+    value = row["completion"]
+    return None if value is None else int(value)
+
+
+#: job states that move to ``finalizing`` once every tile is done, with nothing else pending
+#: (``failed_retryable`` is left out: its finalization is being retried under a bound)
+_FINALIZABLE = [JobState.RUNNING.value, JobState.PROGRESSING.value, JobState.PAUSED.value]
+
+_UNFINALIZED = f"""
+WITH complete AS MATERIALIZED (
+  SELECT j.job_id FROM jobs j
+  WHERE j.state = ANY($1::text[]) AND j.tiles_total > 0 AND NOT j.cancel_requested
+    AND NOT EXISTS (SELECT 1 FROM tiles t
+                    WHERE t.job_id = j.job_id AND t.state <> '{TileState.DONE.value}')
+  ORDER BY j.job_id LIMIT $3
+)
+SELECT c.job_id, max(t.lease_fence) AS completion
+FROM complete c JOIN tiles t ON t.job_id = c.job_id
+GROUP BY c.job_id
+HAVING max(t.updated_at) < now() - make_interval(secs => $2)
+ORDER BY c.job_id
+"""
+
+
+async def unfinalized(conn: Conn, *, older_than: float, limit: int) -> list[tuple[str, int]]:
+    """``(job_id, completion)`` of jobs whose every tile has been done for more than
+    ``older_than`` seconds but that no finalizer has taken (still running, progressing or
+    paused): their tiles-done event was lost. ``completion`` as :func:`completed_by`."""
+    rows = await conn.fetch(_UNFINALIZED, _FINALIZABLE, older_than, limit)
+    return [(r["job_id"], int(r["completion"])) for r in rows]
+
+
 async def inline_results(conn: Conn, job_id: str) -> dict[int, tuple[str, bytes]]:
     """``tile_index -> (sha256, data)`` of the job's results stored inline."""
     rows = await conn.fetch(

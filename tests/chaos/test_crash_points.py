@@ -41,6 +41,9 @@ CASES: dict[str, tuple[int, dict[str, str], dict[str, Any]]] = {
     "worker.after_result_write": (1, {}, {}),
     "worker.after_commit": (1, {}, {}),
     "worker.before_ack": (1, {}, {}),
+    # reached once per job, by the commit that completes it: the unacked message comes back,
+    # finds the tile done and announces the completion (nothing else would finalize the job)
+    "worker.before_tiles_done": (1, {}, {}),
     "finalizer.after_finalizing": (1, {}, {}),
     "finalizer.after_image_write": (1, {}, {}),
     "finalizer.after_complete": (1, {}, {}),

@@ -247,6 +247,13 @@ class MemoryMetadata:
                 return CostEstimate(statistics.median(costs), len(costs), scope)
         return None
 
+    async def completed_by(self, job_id: str) -> int | None:
+        job = self._job(job_id)
+        tiles = [t for (j, _), t in self.tiles.items() if j == job_id]
+        if job.tiles_total == 0 or any(t.state is not TileState.DONE for t in tiles):
+            return None
+        return max(t.lease_fence for t in tiles)
+
     async def list_tiles(self, job_id: str) -> list[Tile]:
         return sorted((t for k, t in self.tiles.items() if k[0] == job_id),
                       key=lambda t: t.tile_index)  # fmt: skip

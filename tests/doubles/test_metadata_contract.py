@@ -145,6 +145,22 @@ async def test_commit_refusals_tell_fenced_from_already_done(meta: Meta):
     assert not await _fence(meta, job.job_id, 7, "late"), "a done tile is never fenced again"
 
 
+async def test_completed_by_names_the_newest_fence_once_every_tile_is_done(meta: Meta):
+    job = (await meta.submit_job(make_new_job())).job
+    assert await meta.completed_by(job.job_id) is None, "an unplanned job is not complete"
+    await meta.plan_tiles(job.job_id, RECTS, node="n")
+    tokens = [7, 3] + [10 + i for i in range(len(RECTS) - 2)]  # committed out of fence order
+    for i, token in enumerate(tokens):
+        assert await meta.completed_by(job.job_id) is None
+        assert await _fence(meta, job.job_id, token, f"a{i}", i)
+        assert await meta.commit_tile(_commit(job.job_id, token, f"a{i}", i)) is (
+            CommitOutcome.COMMITTED
+        )
+    assert await meta.completed_by(job.job_id) == max(tokens)
+    with pytest.raises(NotFoundError):
+        await meta.completed_by("nope")
+
+
 async def test_a_commit_stands_when_the_job_went_terminal_meanwhile(meta: Meta):
     job = await _planned(meta)
     assert await _fence(meta, job.job_id, 5, "a")

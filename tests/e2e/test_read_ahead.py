@@ -2,7 +2,10 @@
 
 The tiles are rendered and committed by real service processes while no finalizer runs; then a
 finalizer runs in this process (on the same NATS, PostgreSQL and object store), so the test can
-see and seed what it holds. Two properties:
+see and seed what it holds. Three properties:
+
+- the tile-done events reach the read-ahead (its plain subscription in the finalizers' queue
+  group) while the tiles render, and finalization then reads nothing from the store;
 
 - a held result that the row does not name (another sha256, another object, the wrong shape)
   is never used: the image is the reference even when those entries hold garbage;
@@ -117,3 +120,30 @@ async def test_held_results_the_rows_name_are_used(
     assert status["state"] == "completed", status
     assert await result_bytes(objects, status) == reference_png(body)
     assert finalizer.read_ahead.bytes == 0, "the job's entries were let go"
+
+
+async def test_tile_done_events_are_read_ahead_through_the_subscription(
+    services: ServiceProcesses,
+    client: TesseraClient,
+    db: MetadataStore,
+    objects: ObjectStore,
+    e2e_settings: Settings,
+) -> None:
+    body = request(width=32, height=32, spp=4, tile_size=16)
+    rt = await Runtime.open(e2e_settings, "finalizer")
+    try:
+        finalizer = Finalizer(rt)
+        sub = await finalizer.subscribe_read_ahead()
+        job_id = await _committed(services, client, db, body)
+        await eventually(
+            lambda: all(finalizer.read_ahead.has(job_id, i) for i in range(4)),
+            timeout=30,
+            what="every tile-done event's result read ahead",
+        )
+        await sub.unsubscribe()
+        assert await finalizer.finalize(job_id, None)
+        assert _results(rt) == {"read_ahead": 4, "store": 0, "inline": 0}
+    finally:
+        await rt.close()
+    status = await client.status(job_id)
+    assert await result_bytes(objects, status) == reference_png(body)

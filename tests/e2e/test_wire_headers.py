@@ -6,7 +6,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from proto import names as n
-from proto.messages import JobEvent, JobMessage, TileDone, TileMessage
+from proto.messages import JobEvent, JobMessage, TileDone, TileMessage, TilesDone
 from services.client.api import TesseraClient
 from shared.core.config import Settings
 from tests.e2e.flows import request, settle, submit
@@ -38,7 +38,7 @@ async def test_pipeline_messages_carry_kind_job_and_tile_headers(
     def kinds() -> list[str]:
         return sorted((m.headers or {}).get(n.HDR_KIND, "?") for m in by_id.values())
 
-    expected = ["job", "job-completed", *["tile"] * 4, *["tile-done"] * 4]
+    expected = ["job", "job-completed", *["tile"] * 4, *["tile-done"] * 4, "tiles-done"]
     await eventually(lambda: kinds() == expected, timeout=10, what=f"messages ({kinds()})")
     for sub in subs:
         await sub.unsubscribe()
@@ -49,7 +49,7 @@ async def test_pipeline_messages_carry_kind_job_and_tile_headers(
         kind = headers[n.HDR_KIND]
         assert headers[n.HDR_JOB] == job, headers
         assert headers["Nats-Msg-Id"], headers  # the existing header is still there
-        body: JobMessage | TileMessage | TileDone | JobEvent
+        body: JobMessage | TileMessage | TileDone | TilesDone | JobEvent
         if kind == "job":
             body = JobMessage.decode(msg.data)
             assert msg.subject == names.job_subject(job)
@@ -62,6 +62,9 @@ async def test_pipeline_messages_carry_kind_job_and_tile_headers(
             body = TileDone.decode(msg.data)
             assert headers[n.HDR_ATTEMPT] == body.attempt_id
             tiles_seen[kind].add(headers[n.HDR_TILE])
+        elif kind == "tiles-done":  # one, from the worker whose commit finished the job
+            body = TilesDone.decode(msg.data)
+            assert msg.subject == names.event_subject(job, n.EventKind.TILES_DONE)
         else:
             body = JobEvent.decode(msg.data)
             assert body.kind.value == kind == "job-completed"

@@ -17,6 +17,7 @@ from proto.messages import (
     Message,
     TileDone,
     TileMessage,
+    TilesDone,
     header_value,
 )
 from proto.names import EventKind
@@ -24,14 +25,17 @@ from shared.core.errors import DecodeError
 
 from .strategies import indices, msgpack_values, mutated_maps, packed, tokens
 
-SCHEMAS: list[type[Message]] = [JobMessage, TileMessage, TileDone, JobEvent, DeadLetter]
+SCHEMAS: list[type[Message]] = [JobMessage, TileMessage, TileDone, TilesDone, JobEvent, DeadLetter]
 text = st.text(max_size=100)
-job_kinds = st.sampled_from([k for k in EventKind if k is not EventKind.TILE_DONE])
+job_kinds = st.sampled_from(
+    [k for k in EventKind if k not in (EventKind.TILE_DONE, EventKind.TILES_DONE)]
+)
 
 MESSAGES: dict[type[Message], st.SearchStrategy[Any]] = {
     JobMessage: st.builds(JobMessage, tokens, indices),
     TileMessage: st.builds(TileMessage, tokens, indices, indices),
     TileDone: st.builds(TileDone, tokens, indices, tokens, text, text),
+    TilesDone: st.builds(TilesDone, tokens, indices),
     JobEvent: st.builds(JobEvent, tokens, job_kinds, indices, text, st.none() | text),
     DeadLetter: st.builds(
         DeadLetter, tokens, tokens, text, text, tokens, indices, indices, text, st.binary()
@@ -118,6 +122,8 @@ def test_job_event_kind_is_an_enum_and_not_tile_done() -> None:
     assert event.kind is EventKind.JOB_FAILED
     with pytest.raises(DecodeError, match="TileDone"):
         JobEvent.decode(packed({"v": 1, "job_id": "j", "kind": "tile-done"}))
+    with pytest.raises(DecodeError, match="TilesDone"):
+        JobEvent.decode(packed({"v": 1, "job_id": "j", "kind": "tiles-done"}))
     with pytest.raises(DecodeError, match="unknown event kind"):
         JobEvent.decode(packed({"v": 1, "job_id": "j", "kind": "exploded"}))
 
@@ -142,6 +148,7 @@ JOB = "0196a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b"
             {"Tessera-Kind": "tile-done", "Tessera-Job": JOB, "Tessera-Tile": "11",
              "Tessera-Attempt": "a1b2"},
         ),
+        (TilesDone(JOB, 40), {"Tessera-Kind": "tiles-done", "Tessera-Job": JOB}),
         (
             JobEvent(JOB, EventKind.JOB_COMPLETED, 3, "done", "renders/x.png"),
             {"Tessera-Kind": "job-completed", "Tessera-Job": JOB, "Tessera-Generation": "3"},

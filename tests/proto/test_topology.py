@@ -82,7 +82,7 @@ async def test_parallel_on_one_connection(nc: Client) -> None:
     await asyncio.gather(ensure_topology(js, topo), ensure_topology(js, topo))
     await assert_topology(js, topo)
     finalizer = await js.consumer_info(topo.names.stream(n.STREAM_EVENTS), n.CONSUMER_FINALIZER)
-    assert finalizer.config.filter_subject == topo.names.tile_done_filter
+    assert finalizer.config.filter_subject == topo.names.tiles_done_filter
 
 
 async def test_parallel_from_four_connections(nats_url: str, nc: Client) -> None:

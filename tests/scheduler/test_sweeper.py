@@ -15,10 +15,11 @@ import hashlib
 import asyncpg
 import pytest
 from nats.aio.msg import Msg
+from nats.js import api
 from nats.js.errors import NotFoundError as StreamMsgNotFound
 
 from proto import names as n
-from proto.messages import JobMessage, TileMessage
+from proto.messages import JobMessage, TileMessage, TilesDone
 from services.scheduler.dispatch import Dispatcher
 from services.scheduler.planner import Planner
 from services.scheduler.sweeper import Sweeper
@@ -255,3 +256,42 @@ async def test_a_lost_tile_behind_a_larger_backlog_is_found(runtime: Runtime) ->
     # The last page was short: the next pass starts from the oldest again.
     assert await sweeper.sweep_once() == []
     assert _skipped(runtime, "message") == TILES - 1 + sweeper.snapshot_limit
+
+
+async def _tiles_done_in_events(rt: Runtime, job_id: str) -> list[TilesDone]:
+    """The job's tiles-done events in EVENTS (the stream keeps consumed ones too)."""
+    stream = rt.names.stream(n.STREAM_EVENTS)
+    subject = rt.names.event_subject(job_id, n.EventKind.TILES_DONE)
+    info = await rt.js.stream_info(stream, subjects_filter=subject)
+    count = (info.state.subjects or {}).get(subject, 0)
+    if count == 0:
+        return []
+    sub = await rt.js.subscribe(
+        subject, ordered_consumer=True, deliver_policy=api.DeliverPolicy.ALL
+    )
+    try:
+        return [TilesDone.decode((await sub.next_msg(timeout=5)).data) for _ in range(count)]
+    finally:
+        await sub.unsubscribe()
+
+
+async def test_a_lost_completion_is_announced_once_while_the_finalizer_has_it_pending(
+    runtime: Runtime,
+) -> None:
+    """Every tile committed, no tiles-done event (lost): the sweep announces the completion,
+    and while that event waits in the finalizer consumer no second copy is published."""
+    job_id = await _job(runtime)
+    for i, msg in (await _take_messages(runtime, TILES)).items():
+        await _render(runtime, job_id, i, msg)
+    sweeper = Sweeper(runtime)
+    assert await sweeper._announce_lost_completions(runtime.settings.sweeper.age) == [], (
+        "done only just now: the worker's own event may still be on its way"
+    )
+    await _age(runtime, job_id)
+    assert job_id in await sweeper._announce_lost_completions(runtime.settings.sweeper.age)
+    completion = max(t.lease_fence for t in await _tiles(runtime, job_id))
+    assert await _tiles_done_in_events(runtime, job_id) == [TilesDone(job_id, completion)]
+    # the finalizer has not taken it yet: no second copy, however long it waits
+    assert await sweeper._announce_lost_completions(runtime.settings.sweeper.age) == []
+    await sweeper.sweep_once()
+    assert await _tiles_done_in_events(runtime, job_id) == [TilesDone(job_id, completion)]

@@ -21,7 +21,7 @@ import pytest
 import kernel
 from kernel.rect import Rect
 from proto import names as n
-from proto.messages import TileDone, TileMessage
+from proto.messages import TileDone, TileMessage, TilesDone
 from services.worker.context import JobCache, StopView, TileContext
 from services.worker.renderers.tessera import TesseraKernel
 from services.worker.scenes import SceneCache
@@ -95,9 +95,13 @@ class Events:
 
     done: list[tuple[TileDone, int]] = field(default_factory=list)
     failed: list[tuple[str, str]] = field(default_factory=list)
+    all_done: list[TilesDone] = field(default_factory=list)
 
     async def tile_done(self, done: TileDone, fence: int) -> None:
         self.done.append((done, fence))
+
+    async def tiles_done(self, done: TilesDone) -> None:
+        self.all_done.append(done)
 
     async def job_failed(self, job_id: str, error: TerminalError) -> None:
         self.failed.append((job_id, error.code))
@@ -117,8 +121,8 @@ class Rig:
     cancelled: set[str]
     job: Job
 
-    def delivery(self, deliveries: int = 1) -> FakeDelivery:
-        return FakeDelivery(TileMessage(self.job.job_id, 0).encode(), deliveries)
+    def delivery(self, deliveries: int = 1, tile_index: int = 0) -> FakeDelivery:
+        return FakeDelivery(TileMessage(self.job.job_id, tile_index).encode(), deliveries)
 
     async def run(self, delivery: FakeDelivery | None = None) -> tuple[TileRun, FakeDelivery]:
         d = delivery or self.delivery()
@@ -141,12 +145,14 @@ class Rig:
         return n.lease_key_tile(self.job.job_id, 0)
 
 
-async def _rig(tmp_path: Path, scene: dict[str, object] | None = None, spp: int = SPP) -> Rig:
+async def _rig(
+    tmp_path: Path, scene: dict[str, object] | None = None, spp: int = SPP, tiles: int = 1
+) -> Rig:
     db, leases, pointers, events = FlakyMetadata(), WatchedLeases(), MemoryPointers(), Events()
     doc = kernel.builtin_scene("spheres") if scene is None else scene
-    new = make_new_job(width=8, height=8, tile_size=8, spp=spp, scene=doc)
+    new = make_new_job(width=8 * tiles, height=8, tile_size=8, spp=spp, scene=doc)
     job = (await db.submit_job(new)).job
-    await db.plan_tiles(job.job_id, [(0, 0, 8, 8)])
+    await db.plan_tiles(job.job_id, [(8 * i, 0, 8 * i + 8, 8) for i in range(tiles)])
     kernels, handing_back, cancelled = HookedKernels(), asyncio.Event(), set[str]()
     worker = WorkerSettings(samples_per_pass=1, pass_seconds=0.0, checkpoint_interval=3600.0)
     ctx = TileContext(
@@ -192,6 +198,17 @@ async def test_finished_commits_then_acks(rig: Rig):
     assert held is not None and held[0].attempt_id == tile_run.attempt_id
     assert d.confirmed is False
     assert rig.count("tessera_tiles_completed_total") == 1
+    # its only tile: this commit completes the job, and the worker says so
+    assert rig.events.all_done == [TilesDone(rig.job.job_id, tile_run.token)]
+
+
+async def test_only_the_commit_that_completes_the_job_announces_tiles_done(tmp_path: Path):
+    rig = await _rig(tmp_path, tiles=2)
+    second, _ = await rig.run(rig.delivery(tile_index=1))
+    assert len(rig.events.done) == 1 and rig.events.all_done == [], "tile 0 still open"
+    first, _ = await rig.run(rig.delivery(tile_index=0))
+    assert first.token is not None and second.token is not None
+    assert rig.events.all_done == [TilesDone(rig.job.job_id, max(first.token, second.token))]
 
 
 async def test_a_failed_attempt_still_releases_its_lease(rig: Rig):
@@ -345,6 +362,10 @@ async def test_a_done_tile_is_announced_again_and_acked(rig: Rig):
     again, d = await rig.run()
     assert d.settled == "ack" and again.token is None, "nothing leased the second time"
     assert [fence for _, fence in rig.events.done] == [first.token, first.token]
+    # a redelivery (the worker died before tiles-done went out) announces the completion again,
+    # under the same id, so nothing but this copy finalizes the job and a repeat is absorbed
+    assert first.token is not None
+    assert rig.events.all_done == [TilesDone(rig.job.job_id, first.token)] * 2
 
 
 async def test_the_heartbeat_extends_the_delivery(rig: Rig):

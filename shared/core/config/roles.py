@@ -292,7 +292,7 @@ class FinalizerSettings:
     in_hand: int = _knob(
         4,
         "TESSERA_FINALIZER_IN_HAND",
-        "tile-done events a finalizer handles at once",
+        "tiles-done events (jobs to finalize) a finalizer handles at once",
         read_by="finalizer",
         minimum=1,
     )
