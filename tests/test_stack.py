@@ -92,6 +92,29 @@ def test_occupied_port_gives_a_clear_error(tmp_path: Path) -> None:
     assert server.proc.pid is not None and not pid_alive(server.proc.pid)
 
 
+def test_seaweedfs_starts_again_on_fresh_ports_when_one_was_taken(tmp_path: Path) -> None:
+    """Its S3 listener binds last, so a port picked for it can be taken meanwhile (seen in the
+    suite: another server's connection drew it from the ephemeral range): it exits at once,
+    and it is started again on fresh ports (a port the caller fixed is kept, so that start
+    fails after ``BIND_ATTEMPTS``; not run here: each failed start costs several seconds)."""
+    with socket.socket() as occupied:
+        occupied.bind(("127.0.0.1", 0))
+        occupied.listen()
+        port = occupied.getsockname()[1]
+        server = SeaweedS3(tmp_path / "moved", s3_port=port)
+        first = server.proc
+        server._s3_port = None  # as if the pick had been free: the next attempt picks again
+        server.start(timeout=30)
+        try:
+            assert first.pid is not None and not pid_alive(first.pid), "the first start exited"
+            assert server.s3_port != port and server.proc is not first
+            s3 = server.client()
+            s3.put_object(Bucket="tessera", Key="probe/b", Body=b"moved")  # type: ignore[attr-defined]
+        finally:
+            server.stop()
+    assert server.proc.pid is not None and not pid_alive(server.proc.pid)
+
+
 def test_readiness_timeout_names_what_and_shows_log(tmp_path: Path) -> None:
     silent = ManagedProcess("silent", ["sh", "-c", "echo started; exec sleep 30"], tmp_path / "l")
     silent.start()

@@ -239,12 +239,23 @@ def _grant_postgres_user(user: str, pgdata: Path, bin_dir: Path) -> None:
     os.chown(pgdata, entry.pw_uid, entry.pw_gid)
 
 
+BIND_ATTEMPTS = 3
+"""Starts of SeaweedFS on fresh ports when one of its ports was taken before it bound it."""
+_IN_USE = "address already in use"
+
+
 class SeaweedS3:
     """SeaweedFS (master, volume, filer and S3 gateway in one process) on loopback ports."""
 
     def __init__(self, data_dir: Path, *, s3_port: int | None = None) -> None:
         self.data_dir = data_dir
-        self.s3_port = s3_port or free_port()
+        self.config = data_dir / "s3.json"
+        self._s3_port = s3_port
+        self._pick_ports()
+
+    def _pick_ports(self) -> None:
+        """Free loopback ports for every listener, and the command line that uses them."""
+        self.s3_port = self._s3_port or free_port()
         ports = {
             name: free_port()
             for name in (
@@ -257,14 +268,14 @@ class SeaweedS3:
                 "s3.port.grpc",
             )
         }
-        config = data_dir / "s3.json"
+        config = self.config
+        data_dir = self.data_dir
         argv = [_bin("weed"), "server", f"-dir={data_dir / 'data'}", f"-ip={HOST}"]
         argv += [f"-ip.bind={HOST}", "-s3", f"-s3.port={self.s3_port}", f"-s3.config={config}"]
         argv += [f"-{name}={port}" for name, port in ports.items()]
         argv += ["-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false"]
         argv += ["-master.electionTimeout=1s"]  # one master: no reason to wait 10 s to lead
         argv += ["-master.volumeSizeLimitMB=64", "-volume.max=16", "-volume.preStopSeconds=0"]
-        self.config = config
         self.proc = ManagedProcess("seaweedfs", argv, data_dir / "seaweedfs.log")
 
     @property
@@ -281,14 +292,24 @@ class SeaweedS3:
             "actions": ["Admin", "Read", "Write", "List", "Tagging"],
         }
         self.config.write_text(json.dumps({"identities": [identity]}))
-        self.proc.start()
-        wait_for(
-            self._bucket_ready,
-            timeout=timeout,
-            what=f"SeaweedFS S3 did not accept requests on {HOST}:{self.s3_port}",
-            proc=self.proc,
-            interval=0.2,
-        )
+        for attempt in range(1, BIND_ATTEMPTS + 1):
+            self.proc.start()
+            try:
+                wait_for(
+                    self._bucket_ready,
+                    timeout=timeout,
+                    what=f"SeaweedFS S3 did not accept requests on {HOST}:{self.s3_port}",
+                    proc=self.proc,
+                    interval=0.2,
+                )
+                return
+            except StackError as exc:
+                if self.proc.alive() or _IN_USE not in str(exc) or attempt == BIND_ATTEMPTS:
+                    raise
+            # One of its ports was taken between our pick and its bind (its listeners start
+            # one after another, and its own components' outgoing connections draw from the
+            # same ephemeral range): it exited at once, so start again on fresh ports.
+            self._pick_ports()
 
     def client(self) -> object:
         """A synchronous boto3 S3 client for this server (readiness checks and tests)."""
