@@ -308,8 +308,7 @@ async def all_done(conn: Conn, job_id: str) -> bool:
 _COMPLETED_BY = f"""
 SELECT CASE WHEN j.tiles_total > 0 AND NOT EXISTS
          (SELECT 1 FROM tiles t WHERE t.job_id = j.job_id AND t.state <> '{TileState.DONE.value}')
-       THEN (SELECT max(t.lease_fence) FROM tiles t WHERE t.job_id = j.job_id) END AS completion,
-       true AS found
+       THEN (SELECT max(t.lease_fence) FROM tiles t WHERE t.job_id = j.job_id) END AS completion
 FROM jobs j WHERE j.job_id = $1
 """
 
