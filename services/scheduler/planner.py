@@ -15,15 +15,15 @@ from nats.aio.msg import Msg
 
 from proto import names as n
 from proto.limits import AUTO_TILE_STEP, auto_tile_edge
-from proto.messages import JobMessage, TilesDone
+from proto.messages import JobMessage
 from proto.povray import BLOCK as POVRAY_BLOCK
 from shared.core import crash
 from shared.core.errors import RetryableError, TerminalError
 from shared.core.lifecycle import IllegalTransition, TileState, is_terminal
 from shared.core.tiles import plan_rects
 from shared.metadata import Job
-from shared.nats.jetstream import publish
 from shared.nats.presence import LiveWorkers, capacity
+from shared.service.announce import announce_completion
 from shared.service.runtime import Runtime
 from shared.service.settle import ACK, Delivery, Outcome, Retry, outcome_of, settle
 
@@ -123,10 +123,6 @@ class Planner:
         """Every tile is already done (a retried job whose finalization failed): hand the job
         to the finalizer again with a tiles-done event of this job generation (``completion``:
         the newest fence among its tiles)."""
-        done = TilesDone(job_msg.job_id, completion)
-        await publish(
-            self.rt.js,
-            self.rt.names.event_subject(job_msg.job_id, n.EventKind.TILES_DONE),
-            done,
-            msg_id=f"{n.alldone_msg_id(done.job_id, completion)}:gen{job_msg.generation}",
+        await announce_completion(
+            self.rt, job_msg.job_id, completion, id_suffix=f":gen{job_msg.generation}"
         )

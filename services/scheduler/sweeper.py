@@ -41,12 +41,13 @@ from nats.js import api
 from nats.js.errors import NotFoundError as StreamMsgNotFound
 
 from proto import names as n
-from proto.messages import JobMessage, TilesDone
+from proto.messages import JobMessage
 from shared.core.errors import RetryableError
 from shared.core.pauses import pause_point
 from shared.metadata import Tile
 from shared.metadata.tiles import StaleKey, stale_key
 from shared.nats.jetstream import publish, retry_transient, subjects_with_messages
+from shared.service.announce import announce_completion
 from shared.service.publish import publish_tiles
 from shared.service.runtime import Runtime
 
@@ -227,12 +228,7 @@ class Sweeper:
             return []  # the finalizers have events to take first: the job's may be among them
         stamp = int(time.time())
         for job_id, completion in lost:
-            await publish(
-                self.rt.js,
-                self.rt.names.event_subject(job_id, n.EventKind.TILES_DONE),
-                TilesDone(job_id, completion),
-                msg_id=f"{n.alldone_msg_id(job_id, completion)}:swept{stamp}",
-            )
+            await announce_completion(self.rt, job_id, completion, id_suffix=f":swept{stamp}")
             self.log.warning("announced a lost completion", job_id=job_id, completion=completion)
         return [job_id for job_id, _ in lost]
 

@@ -30,7 +30,7 @@ from shared.metadata import AttemptOutcome, CommitOutcome, Job, JobControl, Tile
 from shared.nats.jetstream import publish
 from shared.nats.leases import Lease, LeaseOwner, ProgressPointer
 from shared.objectstore import ObjectStore
-from shared.service.announce import fail_job
+from shared.service.announce import announce_completion, fail_job
 from shared.service.logs import Log
 from shared.service.metrics import Metrics
 from shared.service.runtime import Runtime
@@ -287,14 +287,8 @@ class NatsTileEvents:
         self.rt.metrics.published(ack)
 
     async def tiles_done(self, done: TilesDone) -> None:
-        """Publish ``done`` under ``alldone:<job>:<completion>`` (a repeat is absorbed)."""
-        ack = await publish(
-            self.rt.js,
-            self.rt.names.event_subject(done.job_id, n.EventKind.TILES_DONE),
-            done,
-            msg_id=n.alldone_msg_id(done.job_id, done.completion),
-        )
-        self.rt.metrics.published(ack)
+        """:func:`~shared.service.announce.announce_completion` (a repeat is absorbed)."""
+        await announce_completion(self.rt, done.job_id, done.completion)
 
     async def job_failed(self, job_id: str, error: TerminalError) -> None:
         """:func:`~shared.service.announce.fail_job` by ``terminal_failure``."""

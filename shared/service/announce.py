@@ -1,16 +1,17 @@
-"""Job events for watchers: one publish per (job, kind, generation); failing a job says so."""
+"""Job events for watchers: one publish per (job, kind, generation); failing a job says so; a
+job's completion (tiles-done) for the finalizer: one publish per completion."""
 
 from __future__ import annotations
 
 from proto import names as n
-from proto.messages import JobEvent
+from proto.messages import JobEvent, TilesDone
 from shared.core.lifecycle import IllegalTransition, JobTrigger
 from shared.metadata import Job
 from shared.nats.jetstream import publish
 from shared.service.logs import Log
 from shared.service.runtime import Runtime
 
-__all__ = ["announce", "fail_job"]
+__all__ = ["announce", "announce_completion", "fail_job"]
 
 _EVENT_FOR = {
     JobTrigger.TERMINAL_FAILURE: n.EventKind.JOB_FAILED,
@@ -26,6 +27,21 @@ async def announce(rt: Runtime, event: JobEvent) -> None:
         rt.names.event_subject(event.job_id, event.kind),
         event,
         msg_id=n.event_msg_id(event.job_id, event.kind, event.generation),
+    )
+    rt.metrics.published(ack)
+
+
+async def announce_completion(
+    rt: Runtime, job_id: str, completion: int, *, id_suffix: str = ""
+) -> None:
+    """Publish ``TilesDone(job_id, completion)`` under ``alldone:<job>:<completion>`` plus
+    ``id_suffix`` (the planner's ``:gen<g>``, the sweeper's ``:swept<time>``); a repeat of the
+    same completion is absorbed by that id."""
+    ack = await publish(
+        rt.js,
+        rt.names.event_subject(job_id, n.EventKind.TILES_DONE),
+        TilesDone(job_id, completion),
+        msg_id=n.alldone_msg_id(job_id, completion) + id_suffix,
     )
     rt.metrics.published(ack)
 
