@@ -2,8 +2,8 @@
 
 Run: ``python -m bench.metadata``. On an embedded PostgreSQL (durable, like ``make bench``'s
 pipeline; ``--no-fsync`` leaves the disk out), one job of ``--tiles`` tiles is planned and every
-tile is fenced and committed the way a worker does it (``get_tile``, ``fence_tile(seen=...)``,
-``commit_tile`` of an inline result):
+tile is fenced and committed the way a worker does it (``fence_first``, which also reads the
+row, then ``fence_tile`` where it declined; ``commit_tile`` of an inline result):
 
 (a) one owner after the other: milliseconds per tile (fence + commit) and tiles/s;
 (b) ``--owners`` owners at once on the store's pool: tiles/s;
@@ -26,6 +26,7 @@ from pathlib import Path
 
 from shared.devstack.stack import PostgresServer
 from shared.metadata import MetadataStore, NewJob, TileCommit
+from shared.metadata.fastpath import ANY_GENERATION
 
 SIDE, DATA = 16, b"\x93NUMPY" + bytes(200)
 """A 16x16 plan (256 tiles by default) and an inline result about the size of an 8x8 tile's."""
@@ -55,10 +56,12 @@ async def _job(db: MetadataStore, tiles: int) -> str:
 
 async def _owner(db: MetadataStore, job_id: str, indexes: range, token: int) -> None:
     for i in indexes:
-        seen = await db.get_tile(job_id, i)
         attempt = f"{job_id}-{i}-{token}"
-        fenced = await db.fence_tile(
-            job_id, i, token=token, attempt_id=attempt, node="bench", seen=seen
+        first = await db.fence_first(
+            job_id, i, token=token, attempt_id=attempt, node="bench", generation=ANY_GENERATION
+        )
+        fenced = first.fenced or await db.fence_tile(
+            job_id, i, token=token, attempt_id=attempt, node="bench"
         )
         assert fenced, f"tile {i} not fenced"
         commit = TileCommit(

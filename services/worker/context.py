@@ -26,7 +26,15 @@ from shared.core.config import LeaseSettings, WorkerSettings
 from shared.core.errors import TerminalError
 from shared.core.lifecycle import JobState, JobTrigger, TileTrigger, is_terminal
 from shared.core.retry import RetryPolicy
-from shared.metadata import AttemptOutcome, CommitOutcome, Job, JobControl, Tile, TileCommit
+from shared.metadata import (
+    AttemptOutcome,
+    CommitOutcome,
+    FirstFence,
+    Job,
+    JobControl,
+    Tile,
+    TileCommit,
+)
 from shared.nats.jetstream import publish
 from shared.nats.leases import Lease, LeaseOwner, ProgressPointer
 from shared.objectstore import ObjectStore
@@ -74,6 +82,11 @@ class TileStore(Protocol):
         node: str = "",
     ) -> bool: ...
 
+    async def fence_first(
+        self, job_id: str, tile_index: int, *, token: int, attempt_id: str, node: str,
+        generation: int,
+    ) -> FirstFence: ...  # fmt: skip
+
     async def fence_tile(
         self,
         job_id: str,
@@ -83,7 +96,6 @@ class TileStore(Protocol):
         attempt_id: str,
         node: str,
         resumed_from: int = 0,
-        seen: Tile | None = None,
     ) -> bool: ...
 
     async def record_progress(

@@ -1,10 +1,12 @@
 """One delivery of one tile, step by step (DESIGN.md "Worker flow").
 
-1. decode; look up job and tile — terminal job or done tile: (re)announce done if needed, ack;
-   a message of an older generation than the tile row's (superseded by a later release or
-   sweep): ack;
-2. lease (held by a live owner: ``nak`` with a delay, never work in parallel);
-3. fence the tile row with the lease's acquire revision and record the attempt;
+1. decode; look up the job (cached) — unknown, terminal or cancel-requested job: ack;
+2. lease (held by a live owner: read the tile — done: (re)announce, ack; else ``nak`` with a
+   delay, never work in parallel);
+3. fence the tile row with the lease's acquire revision and record the attempt — for a tile
+   never leased, one statement that also returns the row; a row that says done (re-announce),
+   final or superseded by a newer generation settles the copy (ack) with nothing written;
+   any other case (retry, takeover, the job's first tile) goes through the transaction;
 4. resume from the progress pointer only if its ``input_hash`` matches;
 5. render in passes off the loop; checkpoint every ``checkpoint_interval``; check cancel and the
    lease between passes — the render ends :class:`Finished` or :class:`Stopped` (a
@@ -111,26 +113,19 @@ class TileRun:
     # ------------------------------------------------------------------ steps 1-3
 
     async def _process(self, tm: TileMessage) -> Outcome:
-        found = await self._lookup(tm)
-        if not isinstance(found, tuple):
-            return found
-        job, tile = found
+        job = await self.ctx.jobs.get(tm.job_id)
+        gated = self._gate(job)
+        if gated is not None or job is None:
+            return gated or ACK
         crash.crash_point("worker.before_lease")
         owner = LeaseOwner(node=self.ctx.node, attempt_id=self.attempt_id)
         lease = await self.ctx.leases.acquire(n.lease_key_tile(tm.job_id, tm.tile_index), owner)
         if lease is None:
-            if job.state is JobState.PAUSED:
-                # its live owner stops at its next pass and hands the tile back itself
-                self.log.info("paused job's tile held by its owner; dropping this copy")
-                return ACK
-            self.log.info("lease held by another owner; backing off")
-            return Retry(float(self.ctx.lease_config.ttl))
+            return await self._held(tm, job)
         interval = self.ctx.lease_config.heartbeat_interval
         beat = Heartbeat(self.ctx.leases, lease, self.delivery, interval, self.log).start()
         try:
-            if job.state is JobState.PAUSED:
-                return await self._unrelease(job, tile, beat)
-            return await self._leased(job, tile, beat)
+            return await self._fence(tm, job, beat)
         finally:
             # Even after LeaseLost: a renew buffered while disconnected may still land, and a
             # release of a lease that is no longer ours is refused harmlessly.
@@ -138,53 +133,102 @@ class TileRun:
             if beat.lost.is_set():
                 self.ctx.metrics.lease_renewal_failures.labels(kind="tile").inc()
 
-    async def _lookup(self, tm: TileMessage) -> tuple[Job, Tile] | Outcome:
-        """Job and tile, or the outcome of a message with nothing to render.
+    def _gate(self, job: Job | None) -> Outcome | None:
+        """The outcome of a message whose job alone says there is nothing to render here.
 
-        The job row may come from the worker's cache, so its state can be stale; the fence
-        re-checks the job's state and cancel flag in the same transaction that takes the tile.
+        The job row may come from the worker's cache, so its state can be stale, but a terminal,
+        paused or cancel-requested row is always read afresh (:class:`JobCache`); the fence
+        re-checks the job's state and cancel flag in the statement that takes the tile.
         """
-        job = await self.ctx.jobs.get(tm.job_id)
-        tile = await self.ctx.db.get_tile(tm.job_id, tm.tile_index) if job else None
-        if job is None or tile is None:
-            self.log.warning("tile message for an unknown job or tile; dropping")
+        if job is None:
+            self.log.warning("tile message for an unknown job; dropping")
+            return ACK
+        if is_terminal(job.state) or job.cancel_requested:
+            self.log.info("job is final; dropping", state=job.state.value)
+            return ACK
+        if job.renderer not in self.ctx.renderers:
+            # Routing sends a worker only the tiles of its renderers; a copy that reached it
+            # anyway (a consumer of an older topology) goes back for a worker that has it.
+            self.log.warning("tile of a renderer this worker lacks; handing back",
+                             renderer=job.renderer)  # fmt: skip
+            return Retry(float(self.ctx.lease_config.ttl))
+        return None
+
+    async def _held(self, tm: TileMessage, job: Job) -> Outcome:
+        """The lease is held by another owner: the tile row says what this copy is for."""
+        settled = await self._settled(tm, job, await self.ctx.db.get_tile(tm.job_id, tm.tile_index))
+        if settled is not None:
+            return settled
+        if job.state is JobState.PAUSED:
+            # its live owner stops at its next pass and hands the tile back itself
+            self.log.info("paused job's tile held by its owner; dropping this copy")
+            return ACK
+        self.log.info("lease held by another owner; backing off")
+        return Retry(float(self.ctx.lease_config.ttl))
+
+    async def _settled(self, tm: TileMessage, job: Job, tile: Tile | None) -> Outcome | None:
+        """The outcome of a copy whose tile row (as just read) leaves nothing to render, else
+        ``None``: a done tile is (re)announced, a final or superseded one dropped."""
+        if tile is None:
+            self.log.warning("tile message for an unknown tile; dropping")
         elif tile.state is TileState.DONE:
             await self._announce(job, tile.tile_index, tile.result_key, tile.lease_fence)
             self.log.info("tile already done")
-        elif is_terminal(job.state) or job.cancel_requested or is_terminal(tile.state):
-            self.log.info("job or tile is final; dropping", state=job.state.value)
+        elif is_terminal(tile.state):
+            self.log.info("tile is final; dropping", state=tile.state.value)
         elif tm.generation < tile.generation:
             # A later release or sweep published the tile again under a newer generation:
             # that message is the tile's now (the dispatcher counted it in its window).
             self.log.info("superseded tile message; dropping", generation=tm.generation,
                           current=tile.generation)  # fmt: skip
             self.ctx.metrics.superseded.inc()
-        elif job.renderer not in self.ctx.renderers:
-            # Routing sends a worker only the tiles of its renderers; a copy that reached it
-            # anyway (a consumer of an older topology) goes back for a worker that has it.
-            self.log.warning("tile of a renderer this worker lacks; handing back",
-                             renderer=job.renderer)  # fmt: skip
-            return Retry(float(self.ctx.lease_config.ttl))
         else:
-            return job, tile
+            return None
         return ACK
 
-    async def _leased(self, job: Job, tile: Tile, beat: Heartbeat) -> Outcome:
-        token = beat.lease.token
-        renderer = self.ctx.renderers[job.renderer]  # (checked by _lookup)
-        checkpoints = Checkpoints(self.ctx, job, tile, self.attempt_id, self.log, renderer)
-        # Loaded before the fence (a read), so the attempt records the resume that happens.
-        acc = await checkpoints.resume()
-        self.resumed_from = checkpoints.resumed_from
-        fenced = await self.ctx.db.fence_tile(
+    async def _fence(self, tm: TileMessage, job: Job, beat: Heartbeat) -> Outcome:
+        """Lease held: fence the tile, or settle the copy by what its row says.
+
+        The plain case (a tile never leased, of a job that TILE_STARTED leaves as it is) is one
+        statement that fences and reads at once; its row, fenced or not, decides the rest.
+        """
+        if job.state is JobState.PAUSED:
+            tile = await self.ctx.db.get_tile(job.job_id, tm.tile_index)
+            settled = await self._settled(tm, job, tile)
+            if settled is not None or tile is None:
+                return settled or ACK
+            return await self._unrelease(job, tile, beat)
+        first = await self.ctx.db.fence_first(
             job.job_id,
-            tile.tile_index,
-            token=token,
+            tm.tile_index,
+            token=beat.lease.token,
             attempt_id=self.attempt_id,
             node=self.ctx.node,
-            resumed_from=self.resumed_from,
-            seen=tile,
+            generation=tm.generation,
         )
+        settled = None if first.fenced else await self._settled(tm, job, first.tile)
+        if settled is not None or first.tile is None:
+            return settled or ACK
+        return await self._leased(job, first.tile, beat, fenced=first.fenced)
+
+    async def _leased(self, job: Job, tile: Tile, beat: Heartbeat, *, fenced: bool) -> Outcome:
+        """Render under the lease; ``fenced``: :meth:`fence_first` fenced it already, else the
+        transaction fences it here (after loading the checkpoint, so the attempt records the
+        resume that happens)."""
+        token = beat.lease.token
+        renderer = self.ctx.renderers[job.renderer]  # (checked by _gate)
+        checkpoints = Checkpoints(self.ctx, job, tile, self.attempt_id, self.log, renderer)
+        acc = await checkpoints.resume()  # (a never-leased tile: zeros, nothing read)
+        self.resumed_from = checkpoints.resumed_from
+        if not fenced:
+            fenced = await self.ctx.db.fence_tile(
+                job.job_id,
+                tile.tile_index,
+                token=token,
+                attempt_id=self.attempt_id,
+                node=self.ctx.node,
+                resumed_from=self.resumed_from,
+            )
         if not fenced:
             if (await self.ctx.db.job_control(job.job_id)).state is JobState.PAUSED:
                 # A paused job refuses TILE_STARTED: hand the tile back, never drop it.

@@ -5,10 +5,12 @@ tile row's compare-and-set, the attempt row and the audit row (and the commit's 
 They are the only code that writes these rows, and there are two owners of the cases:
 
 - the statement alone (:func:`fence`, :func:`commit`) owns the case every tile of a running job
-  goes through: a tile never leased before (no takeover to explain) of a job in a state where
-  TILE_STARTED / TILE_PROGRESS write nothing, fenced under the caller's token. Its guards are the
-  lifecycle tables, passed as parameters (never states written in SQL), so anything else matches
-  no row: it declines (``None``) having written nothing, and the caller runs the transaction;
+  goes through: a tile never leased before (no takeover to explain, no checkpoint to resume) of
+  a job in a state where TILE_STARTED / TILE_PROGRESS write nothing, fenced under the caller's
+  token. Its guards are the lifecycle tables, passed as parameters (never states written in
+  SQL), so anything else matches no row: it declines having written nothing, and the caller
+  runs the transaction. The fence needs no read before it: it returns the tile row as it was,
+  fenced or not, so the worker decides from that row what a declined copy needs;
 - the transaction (:mod:`shared.metadata.fencing`) owns every other case: it reads fresh rows,
   refuses, moves the job, names the attempts a takeover supersedes, and then runs the same
   statement (:func:`write_lease`, :func:`write_commit`) guarded by exactly what it read.
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from asyncpg import Record
+
 from shared.core.lifecycle import (
     IllegalTransition,
     JobState,
@@ -25,12 +29,11 @@ from shared.core.lifecycle import (
     TileState,
     TileTrigger,
     is_terminal,
-    tile_legal_events,
     transition_job,
     transition_tile,
 )
 from shared.metadata.audit import EVENT_COLUMNS, Conn
-from shared.metadata.models import Tile, TileCommit, TileFence
+from shared.metadata.models import FirstFence, Tile, TileCommit, TileFence
 
 
 def quiet_job_states(trigger: JobTrigger) -> list[JobState]:
@@ -59,27 +62,38 @@ def _moves(trigger: TileTrigger) -> list[tuple[TileState, TileState]]:
 _STARTED_QUIET = quiet_job_states(JobTrigger.TILE_STARTED)
 _PROGRESS_QUIET = quiet_job_states(JobTrigger.TILE_PROGRESS)
 _COMMIT_MOVES = _moves(TileTrigger.COMMIT)
+_LEASE_MOVES = _moves(TileTrigger.LEASE)
 
+#: no generation bound (the transaction decides from the rows it read, the generation aside)
+ANY_GENERATION = 2**31 - 1
+
+# ``cur`` is the row as the statement's snapshot has it; the update re-checks ``t.state =
+# cur.state`` on the row it locks, so a tile that moved meanwhile (READ COMMITTED re-reads a row
+# updated under it) matches nothing, and the audit row's from-state is the one it moved from.
 _LEASE = f"""
-WITH moved AS (
-    UPDATE tiles t SET lease_fence = $3, state = $6, samples_done = $7,
+WITH cur AS (
+    SELECT * FROM tiles WHERE job_id = $1 AND tile_index = $2
+), moved AS (
+    UPDATE tiles t SET lease_fence = $3,
+        state = ($6::text[])[array_position($5::text[], cur.state)], samples_done = $7,
         attempt_count = t.attempt_count + 1, updated_at = now(),
         last_error_code = COALESCE($12::text, t.last_error_code),
         last_error = COALESCE($13::text, t.last_error)
-    FROM jobs j
-    WHERE t.job_id = $1 AND t.tile_index = $2 AND t.state = $5 AND t.lease_fence < $3
-      AND t.attempt_count = $14
+    FROM cur, jobs j
+    WHERE t.job_id = $1 AND t.tile_index = $2 AND t.state = cur.state
+      AND cur.state = ANY($5::text[]) AND t.lease_fence < $3
+      AND t.attempt_count = $14 AND t.generation <= $15
       AND j.job_id = t.job_id AND j.state = ANY($8::text[]) AND NOT j.cancel_requested
-    RETURNING t.tile_index
+    RETURNING cur.state AS from_state, t.state AS to_state
 ), started AS (
     INSERT INTO attempts (attempt_id, job_id, tile_index, kind, node, fence, resumed_from)
     SELECT $4, $1, $2, 'tile', $9, $3, $7 FROM moved
     ON CONFLICT (attempt_id) DO NOTHING
 ), audited AS (
     INSERT INTO job_events ({EVENT_COLUMNS})
-    SELECT $1, $2, $4, $9, 'tile', $5, $6, $10, $12, $13, $11 FROM moved
+    SELECT $1, $2, $4, $9, 'tile', from_state, to_state, $10, $12, $13, $11 FROM moved
 )
-SELECT count(*) FROM moved
+SELECT (SELECT count(*) FROM moved) AS fenced, cur.* FROM cur
 """
 
 _COMMIT = f"""
@@ -110,18 +124,19 @@ SELECT count(*) FROM moved
 """
 
 
-async def fence(conn: Conn, lease: TileFence, seen: Tile) -> bool | None:
-    """True if the statement alone fenced the tile; None (nothing written): run the transaction.
+async def fence(conn: Conn, lease: TileFence, generation: int) -> FirstFence:
+    """Fence a never-leased tile in one statement, for a message of ``generation`` or newer.
 
-    ``seen`` is the tile as the caller just read it; the compare-and-set is on its state, so a
-    tile that moved since matches no row.
+    Fenced only in the plain case (never leased, LEASE legal from its state, the fence below the
+    token, the message not older than the row's, the job in a state TILE_STARTED leaves as it
+    is and not cancel-requested); else nothing is written. Either way the tile row as it was
+    just before comes back (``None``: no such tile), for the caller to decide on.
     """
-    if seen.attempt_count or seen.lease_fence >= lease.token:
-        return None
-    if TileTrigger.LEASE not in tile_legal_events(seen.state):
-        return None
-    moved = await write_lease(conn, lease, seen.state, attempts=0, job_states=_STARTED_QUIET)
-    return True if moved else None
+    row = await _lease_row(conn, lease, _LEASE_MOVES, attempts=0, job_states=_STARTED_QUIET,
+                           generation=generation)  # fmt: skip
+    if row is None:
+        return FirstFence(False, None)
+    return FirstFence(bool(row["fenced"]), Tile.from_record(row))
 
 
 async def commit(conn: Conn, done: TileCommit) -> bool | None:
@@ -146,14 +161,33 @@ async def write_lease(
     ``error_code``/``error`` (a takeover's superseded owners) go on the audit row and become
     the tile's last error. False: no row matched, nothing was written.
     """
-    moved = await conn.fetchval(
+    move = [(state, transition_tile(state, TileTrigger.LEASE))]
+    row = await _lease_row(
+        conn, lease, move, attempts=attempts, job_states=job_states, generation=ANY_GENERATION,
+        error_code=error_code, error=error,
+    )  # fmt: skip
+    return row is not None and bool(row["fenced"])
+
+
+async def _lease_row(
+    conn: Conn,
+    lease: TileFence,
+    moves: Sequence[tuple[TileState, TileState]],
+    *,
+    attempts: int,
+    job_states: Sequence[JobState],
+    generation: int,
+    error_code: str | None = None,
+    error: str | None = None,
+) -> Record | None:
+    return await conn.fetchrow(
         _LEASE,
         lease.job_id,
         lease.tile_index,
         lease.token,
         lease.attempt_id,
-        state.value,
-        transition_tile(state, TileTrigger.LEASE).value,
+        [a.value for a, _ in moves],
+        [b.value for _, b in moves],
         lease.resumed_from,
         [s.value for s in job_states],
         lease.node,
@@ -162,8 +196,8 @@ async def write_lease(
         error_code,
         error,
         attempts,
+        generation,
     )
-    return bool(moved)
 
 
 async def write_commit(

@@ -212,6 +212,15 @@ class TileFence:
 
 
 @dataclass(frozen=True)
+class FirstFence:
+    """What :meth:`~shared.metadata.MetadataStore.fence_first` did: ``fenced``, or nothing
+    written; either way the tile row as it was just before (``None``: no such tile)."""
+
+    fenced: bool
+    tile: Tile | None
+
+
+@dataclass(frozen=True)
 class TileCommit:
     """An owner's fenced commit of a tile's result, built once and passed down as it is (see
     :meth:`~shared.metadata.MetadataStore.commit_tile`).

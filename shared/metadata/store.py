@@ -27,6 +27,7 @@ from shared.metadata.models import (
     AttemptOutcome,
     AuditEvent,
     CommitOutcome,
+    FirstFence,
     Job,
     JobControl,
     NewJob,
@@ -324,6 +325,24 @@ class MetadataStore(StoreBase):
         """``renderer -> mean seconds`` of its tile attempts done in the last ``window`` s."""
         return await self._read("tile_seconds", lambda c: dispatch.tile_seconds(c, window))
 
+    async def fence_first(
+        self, job_id: str, tile_index: int, *, token: int, attempt_id: str, node: str,
+        generation: int,
+    ) -> FirstFence:  # fmt: skip
+        """The worker's first move on a tile it holds the lease of: one statement
+        (:func:`.fastpath.fence`) that fences a never-leased tile for a message of
+        ``generation`` or newer, and returns the row as it was either way.
+
+        Not fenced (nothing written): the caller decides from the row — a done, final or
+        superseded tile has nothing to render; any other case (a retry, a takeover, the job's
+        TILE_STARTED move, a resume) goes on to :meth:`fence_tile`.
+        """
+        lease = TileFence(job_id, tile_index, token, attempt_id, node)
+        first = await self._statement("fence_first", lambda c: fastpath.fence(c, lease, generation))
+        if first is None:  # lost a deadlock or serialization race: nothing written
+            return FirstFence(False, await self.get_tile(job_id, tile_index))
+        return first
+
     async def fence_tile(
         self,
         job_id: str,
@@ -333,20 +352,14 @@ class MetadataStore(StoreBase):
         attempt_id: str,
         node: str,
         resumed_from: int = 0,
-        seen: Tile | None = None,
     ) -> bool:
         """Write the lease's fencing token (``lease_fence < token``), LEASE, record the attempt.
 
         Also moves the job by TILE_STARTED. False (nothing written) for a stale token, a
-        done/terminal tile, or a terminal or cancel-requested job. ``seen``, the tile as the
-        caller just read it, lets the common case take one statement (:mod:`.fastpath`); the
-        transaction (:func:`.fencing.fence`) takes the rest.
+        done/terminal tile, or a terminal or cancel-requested job. One transaction
+        (:func:`.fencing.fence`); the plain case goes through :meth:`fence_first` instead.
         """
         lease = TileFence(job_id, tile_index, token, attempt_id, node, resumed_from)
-        if seen is not None and (seen.job_id, seen.tile_index) == (job_id, tile_index):
-            fast = await self._statement("fence_tile", lambda c: fastpath.fence(c, lease, seen))
-            if fast:
-                return True
         return await self._tx("fence_tile", lambda c: fencing.fence(c, lease))
 
     async def record_progress(

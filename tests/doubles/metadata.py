@@ -35,12 +35,14 @@ from shared.metadata import (
     Attempt,
     AttemptOutcome,
     CommitOutcome,
+    FirstFence,
     Job,
     JobControl,
     NewJob,
     SubmitResult,
     Tile,
     TileCommit,
+    fastpath,
 )
 from shared.metadata.costs import (
     COST_JOBS,
@@ -374,6 +376,27 @@ class MemoryMetadata:
 
     # ---- the owner's fenced writes --------------------------------------------------------
 
+    async def fence_first(
+        self, job_id: str, tile_index: int, *, token: int, attempt_id: str, node: str,
+        generation: int,
+    ) -> FirstFence:  # fmt: skip
+        tile = self.tiles.get((job_id, tile_index))
+        if tile is None:
+            return FirstFence(False, None)
+        job = self._job(job_id)
+        plain = (
+            tile.attempt_count == 0
+            and tile.lease_fence < token
+            and tile.generation <= generation
+            and TileTrigger.LEASE in tile_legal_events(tile.state)
+            and job.state in fastpath.quiet_job_states(JobTrigger.TILE_STARTED)
+            and not job.cancel_requested
+        )
+        if plain:
+            await self.fence_tile(job_id, tile_index, token=token, attempt_id=attempt_id,
+                                  node=node)  # fmt: skip
+        return FirstFence(plain, tile)
+
     async def fence_tile(
         self,
         job_id: str,
@@ -383,7 +406,6 @@ class MemoryMetadata:
         attempt_id: str,
         node: str,
         resumed_from: int = 0,
-        seen: Tile | None = None,
     ) -> bool:
         tile, job = self._tile(job_id, tile_index), self._job(job_id)
         if job.cancel_requested or is_terminal(job.state) or tile.lease_fence >= token:

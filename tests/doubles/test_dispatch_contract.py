@@ -42,8 +42,7 @@ async def test_release_stamps_the_next_generation_within_the_window(meta: Meta):
 async def test_a_finished_tile_frees_its_place_in_the_window(meta: Meta):
     job = await _job(meta)
     await meta.release_tiles({"tessera": 2}, limit=100, usage_window=300)
-    seen = await meta.get_tile(job.job_id, 0)
-    assert await meta.fence_tile(job.job_id, 0, token=5, attempt_id="a", node="n", seen=seen)
+    assert await meta.fence_tile(job.job_id, 0, token=5, attempt_id="a", node="n")
     commit = TileCommit(job.job_id, 0, token=5, attempt_id="a", result_key="r",
                         result_sha256="ab" * 32, samples_done=16, node="n")  # fmt: skip
     await meta.commit_tile(commit)
@@ -94,13 +93,11 @@ async def test_tile_seconds_are_the_mean_done_attempt_of_each_renderer(meta: Met
     other = await _job(meta, renderer="blender")
     await meta.release_tiles({"tessera": 2, "blender": 1}, limit=100, usage_window=300)
     assert await meta.tile_seconds(60) == {}, "no attempt yet"
-    seen = await meta.get_tile(job.job_id, 0)
-    assert await meta.fence_tile(job.job_id, 0, token=5, attempt_id="a", node="n", seen=seen)
+    assert await meta.fence_tile(job.job_id, 0, token=5, attempt_id="a", node="n")
     commit = TileCommit(job.job_id, 0, token=5, attempt_id="a", result_key="r",
                         result_sha256="ab" * 32, samples_done=16, node="n")  # fmt: skip
     await meta.commit_tile(commit)
-    seen = await meta.get_tile(other.job_id, 0)
-    assert await meta.fence_tile(other.job_id, 0, token=6, attempt_id="b", node="n", seen=seen)
+    assert await meta.fence_tile(other.job_id, 0, token=6, attempt_id="b", node="n")
     got = await meta.tile_seconds(60)
     assert list(got) == ["tessera"], "the blender attempt is still open"
     assert 0 <= got["tessera"] < 60

@@ -13,6 +13,7 @@ import pytest
 from shared.core.errors import ConflictError, NotFoundError, ValidationError
 from shared.core.lifecycle import IllegalTransition, JobState, JobTrigger, TileState, TileTrigger
 from shared.metadata import AttemptOutcome, CommitOutcome, Job, Tile, TileCommit
+from shared.metadata.fastpath import ANY_GENERATION
 from shared.metadata.tiles import EdgeChosen
 from tests.doubles.conftest import Meta
 from tests.doubles.metadata import MemoryMetadata
@@ -49,8 +50,12 @@ def _commit(job_id: str, token: int, attempt: str, i: int = 0) -> TileCommit:
 
 
 async def _fence(meta: Meta, job_id: str, token: int, attempt: str, i: int = 0) -> bool:
-    seen = await meta.get_tile(job_id, i)
-    return await meta.fence_tile(job_id, i, token=token, attempt_id=attempt, node="n", seen=seen)
+    """As a worker fences: the one statement, then the transaction where it declined."""
+    first = await meta.fence_first(job_id, i, token=token, attempt_id=attempt, node="n",
+                                   generation=ANY_GENERATION)  # fmt: skip
+    if first.fenced:
+        return True
+    return await meta.fence_tile(job_id, i, token=token, attempt_id=attempt, node="n")
 
 
 async def test_plan_is_idempotent_and_refuses_another_plan(meta: Meta):
@@ -143,6 +148,43 @@ async def test_commit_refusals_tell_fenced_from_already_done(meta: Meta):
         "new": AttemptOutcome.DONE,  # the first outcome wins: the repeat's "fenced" is ignored
     }
     assert not await _fence(meta, job.job_id, 7, "late"), "a done tile is never fenced again"
+
+
+async def test_fence_first_fences_only_the_plain_case_and_returns_the_row_before(meta: Meta):
+    job = await _planned(meta)
+    assert await _fence(meta, job.job_id, 1, "starter", 1), "the job's first tile: the transaction"
+    assert await _state(meta, job.job_id) is JobState.PROGRESSING
+    before = await _tile(meta, job.job_id)
+    first = await meta.fence_first(job.job_id, 0, token=5, attempt_id="a", node="n",
+                                   generation=before.generation)  # fmt: skip
+    assert first.fenced and first.tile == before, "the row as it was, fenced"
+    after = await _tile(meta, job.job_id)
+    assert (after.state, after.lease_fence, after.attempt_count) == (TileState.LEASED, 5, 1)
+    assert await _outcomes(meta, job.job_id) == {"starter": None, "a": None}
+    again = await meta.fence_first(job.job_id, 0, token=9, attempt_id="b", node="n",
+                                   generation=after.generation)  # fmt: skip
+    assert not again.fenced and again.tile == after, "leased before: declined, row returned"
+    assert await _tile(meta, job.job_id) == after, "a decline writes nothing"
+    done = await meta.commit_tile(_commit(job.job_id, 5, "a"))
+    assert done is CommitOutcome.COMMITTED
+    done_row = await _tile(meta, job.job_id)
+    late = await meta.fence_first(job.job_id, 0, token=9, attempt_id="c", node="n",
+                                  generation=ANY_GENERATION)  # fmt: skip
+    assert not late.fenced and late.tile == done_row and done_row.state is TileState.DONE
+    await meta.release_tiles({"tessera": 8}, limit=100, usage_window=300)
+    fresh = await _tile(meta, job.job_id, 2)
+    assert fresh.generation == 1, "released once"
+    old = await meta.fence_first(job.job_id, 2, token=9, attempt_id="d", node="n",
+                                 generation=fresh.generation - 1)  # fmt: skip
+    assert not old.fenced and old.tile == fresh, "a superseded message never fences"
+    missing = await meta.fence_first(job.job_id, 99, token=9, attempt_id="e", node="n",
+                                     generation=0)  # fmt: skip
+    assert missing.tile is None and not missing.fenced
+    await meta.request_cancel(job.job_id)
+    plain = await _tile(meta, job.job_id, 3)
+    stopped = await meta.fence_first(job.job_id, 3, token=9, attempt_id="f", node="n",
+                                     generation=plain.generation)  # fmt: skip
+    assert not stopped.fenced and stopped.tile == plain, "a cancel-requested job: declined"
 
 
 async def test_completed_by_names_the_newest_fence_once_every_tile_is_done(meta: Meta):

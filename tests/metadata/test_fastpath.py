@@ -25,6 +25,7 @@ from shared.metadata import (
     CommitOutcome,
     MetadataStore,
     NewJob,
+    Tile,
     TileCommit,
     TileFence,
     fastpath,
@@ -130,25 +131,38 @@ async def _rows(store: MetadataStore, job_id: str) -> dict[str, Any]:
 
 
 def _lease(job_id: str) -> TileFence:
-    return TileFence(job_id, 0, TOKEN, f"att-{job_id}", "w1", resumed_from=3)
+    return TileFence(job_id, 0, TOKEN, f"att-{job_id}", "w1")
 
 
 async def _fence(db: Recording, job_id: str) -> bool:
-    """The store's fence of tile 0 as a worker calls it (with the tile it just read)."""
+    """The store's fence of tile 0 as a worker calls it: the one statement, for a message of
+    the tile's generation, then the transaction where it declined."""
     seen = await db.get_tile(job_id, 0)
+    assert seen is not None
     db.ran.clear()
     lease = _lease(job_id)
-    return await db.fence_tile(job_id, 0, token=TOKEN, attempt_id=lease.attempt_id, node="w1",
-                               resumed_from=3, seen=seen)  # fmt: skip
+    first = await db.fence_first(job_id, 0, token=TOKEN, attempt_id=lease.attempt_id, node="w1",
+                                 generation=seen.generation)  # fmt: skip
+    assert first.tile == seen, "the row as it was comes back, fenced or not"
+    if first.fenced:
+        return True
+    return await db.fence_tile(job_id, 0, token=TOKEN, attempt_id=lease.attempt_id, node="w1")
+
+
+async def _statement_fence(db: Recording, lease: TileFence, seen: Tile) -> bool:
+    """The statement alone, for a message of ``seen``'s generation; asserts it returned the row."""
+    first = await db._statement("fence", lambda c: fastpath.fence(c, lease, seen.generation))
+    assert first is not None and first.tile == seen
+    return first.fenced
 
 
 def _fenced_rows(before: dict[str, Any], state: TileState) -> dict[str, Any]:
     """``before`` plus what the statement writes for a fence of tile 0 from ``state``."""
     tile = before["tile"] | {"state": TileState.LEASED, "lease_fence": TOKEN, "attempt_count": 1,
-                             "samples_done": 3}  # fmt: skip
+                             "samples_done": 0}  # fmt: skip
     event = (0, "ATT", "w1", "tile", state, TileState.LEASED, TileTrigger.LEASE, None, None,
              f"fence {TOKEN}")  # fmt: skip
-    attempt = ("ATT", 0, "tile", "w1", TOKEN, 3, True, None, None, None)
+    attempt = ("ATT", 0, "tile", "w1", TOKEN, 0, True, None, None, None)
     return before | {"tile": tile, "events": [*before["events"], event],
                      "attempts": [*before["attempts"], attempt]}  # fmt: skip
 
@@ -170,7 +184,7 @@ async def test_each_fence_case_goes_to_its_owner(
         assert seen is not None
         before = await _rows(db, owned)
         lease = _lease(owned)
-        fast = await db._statement("fence", lambda c: fastpath.fence(c, lease, seen))  # noqa: B023
+        fast = await _statement_fence(db, lease, seen)
         if fast:
             taken += 1
             assert await _rows(db, owned) == _fenced_rows(before, tile_state), case
@@ -186,7 +200,7 @@ async def test_each_fence_case_goes_to_its_owner(
             assert await _rows(db, owned) == before, f"declined but wrote: {case}"
             expected = await db._tx("fence", lambda c: fencing.fence(c, lease))  # noqa: B023
         assert await _fence(db, dispatched) is expected, case
-        owner = ["statement fence_tile"] if fast else ["statement fence_tile", "tx fence_tile"]
+        owner = ["statement fence_first"] if fast else ["statement fence_first", "tx fence_tile"]
         assert db.ran == owner, case
         assert await _rows(db, dispatched) == await _rows(db, owned), case
     if TileTrigger.LEASE in tile_legal_events(tile_state):
@@ -196,17 +210,24 @@ async def test_each_fence_case_goes_to_its_owner(
         assert taken == 0
 
 
-async def test_without_the_tile_read_the_transaction_fences(
+async def test_a_superseded_message_never_fences_and_fence_tile_is_the_transaction(
     db: Recording, new_job: Factory
 ) -> None:
     job_id = await _job(db, new_job)
     await _force(db, job_id, tile=TileState.QUEUED, fence=0, attempts=0,
                  job=JobState.PROGRESSING, cancel=False)  # fmt: skip
-    other = await db.get_tile(job_id, 1)
-    for seen in (None, other):
-        db.ran.clear()
-        assert not await db.fence_tile(job_id, 0, token=0, attempt_id="a", node="w", seen=seen)
-        assert db.ran == ["tx fence_tile"]
+    bump = "UPDATE tiles SET generation = 2 WHERE job_id = $1 AND tile_index = 0"
+    await db._tx("bump", lambda c: c.execute(bump, job_id))
+    seen = await db.get_tile(job_id, 0)
+    assert seen is not None
+    lease = _lease(job_id)
+    older = await db._statement("f", lambda c: fastpath.fence(c, lease, 1))
+    assert older is not None and not older.fenced and older.tile == seen
+    assert await db.get_tile(job_id, 0) == seen, "declined: nothing written"
+    assert await _statement_fence(db, lease, seen), "the message of the row's generation fences"
+    db.ran.clear()
+    assert not await db.fence_tile(job_id, 0, token=TOKEN, attempt_id="b", node="w")
+    assert db.ran == ["tx fence_tile"]
 
 
 async def test_the_transaction_moves_the_job_the_statement_does_not(
@@ -220,7 +241,7 @@ async def test_the_transaction_moves_the_job_the_statement_does_not(
         seen = await db.get_tile(job_id, 0)
         assert seen is not None
         lease = _lease(job_id)
-        assert await db._statement("f", lambda c: fastpath.fence(c, lease, seen)) is None  # noqa: B023
+        assert not await _statement_fence(db, lease, seen)
         moved = await db._tx("f", lambda c: fencing.fence(c, lease))  # noqa: B023
         job = await db.get_job(job_id)
         assert job is not None
@@ -247,9 +268,8 @@ async def test_the_transaction_names_the_attempts_a_takeover_supersedes(
         seen = await db.get_tile(jid, 0)
         assert seen is not None and seen.attempt_count == 1
         lease = TileFence(jid, 0, 2, f"new-{jid}", "w1")
-        assert await db._statement("f", lambda c: fastpath.fence(c, lease, seen)) is None  # noqa: B023
-        assert await db.fence_tile(jid, 0, token=2, attempt_id=lease.attempt_id, node="w1",
-                                   seen=seen)  # fmt: skip
+        assert not await _statement_fence(db, lease, seen)
+        assert await db.fence_tile(jid, 0, token=2, attempt_id=lease.attempt_id, node="w1")
         tile = await db.get_tile(jid, 0)
         assert tile is not None and tile.lease_fence == 2 and tile.attempt_count == 2
         last = (await db.job_events(jid))[-1]

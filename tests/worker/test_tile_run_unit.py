@@ -368,6 +368,20 @@ async def test_a_done_tile_is_announced_again_and_acked(rig: Rig):
     assert rig.events.all_done == [TilesDone(rig.job.job_id, first.token)] * 2
 
 
+async def test_a_done_tile_whose_lease_expired_is_announced_and_its_new_lease_released(rig: Rig):
+    """Past the committer's lease TTL a copy takes the lease: the fence's statement finds the
+    tile done (nothing written), the copy re-announces it and gives the lease back."""
+    first, _ = await rig.run()
+    rig.leases.expire(rig.lease_key())
+    before = await rig.db.get_tile(rig.job.job_id, 0)
+    again, d = await rig.run()
+    assert d.settled == "ack" and again.token is None, "nothing fenced the second time"
+    assert [fence for _, fence in rig.events.done] == [first.token, first.token]
+    assert await rig.leases.holder(rig.lease_key()) is None, "the copy's lease was released"
+    assert await rig.db.get_tile(rig.job.job_id, 0) == before, "the row as it was"
+    assert [a.attempt_id for a in await rig.db.attempts(rig.job.job_id)] == [first.attempt_id]
+
+
 async def test_the_heartbeat_extends_the_delivery(rig: Rig):
     async def hold(end: int) -> None:
         if end == 1:
@@ -535,13 +549,15 @@ async def test_a_pass_that_can_be_interrupted_is_cancelled_mid_way(
 
 
 async def test_a_superseded_generation_is_dropped_and_the_current_one_renders(rig: Rig):
-    """Released again (generation 1) after a message of generation 0 went out: the old copy is
-    acked without a lease or an attempt; the current one renders."""
+    """Released again (generation 1) after a message of generation 0 went out: the old copy's
+    fence writes nothing, it is acked with its lease released and no attempt; the current one
+    renders."""
     released = await rig.db.release_tiles({"tessera": 1}, limit=1, usage_window=300)
     assert [t.generation for t in released.tiles] == [1]
     old, d = await rig.run(FakeDelivery(TileMessage(rig.job.job_id, 0, 0).encode()))
-    assert d.settled == "ack" and old.token is None, "nothing leased for a superseded message"
+    assert d.settled == "ack" and old.token is None, "nothing fenced for a superseded message"
     assert await rig.outcomes() == [] and await rig.tile_state() is TileState.QUEUED
+    assert await rig.leases.holder(rig.lease_key()) is None, "its lease given back at once"
     assert rig.count("tessera_superseded_messages_total") == 1
     _, current = await rig.run(FakeDelivery(TileMessage(rig.job.job_id, 0, 1).encode()))
     assert current.settled == "ack" and await rig.tile_state() is TileState.DONE
