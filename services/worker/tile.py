@@ -90,7 +90,8 @@ class TileRun:
         if self.committed is not None:  # counted once acked, as a tile of this worker
             self.ctx.metrics.tiles_completed.inc()
             self.ctx.metrics.tile_seconds.observe(time.monotonic() - self.started)
-            self.log.info("tile done", samples=self.committed, resumed_from=self.resumed_from)
+            self.log.info("tile done", samples=self.committed, resumed_from=self.resumed_from,
+                          token=self.token)  # fmt: skip
 
     async def outcome(self) -> Outcome:
         """Every step up to the settle: what to do with the message."""
@@ -273,7 +274,8 @@ class TileRun:
             m.lease_takeovers.inc()
             self.log.warning("lease taken over", token=token, previous_fence=tile.lease_fence)
         else:
-            self.log.info("lease acquired", token=token)
+            # (DEBUG: one line per tile is "tile done", which names the token)
+            self.log.debug("lease acquired", token=token)
 
     # ------------------------------------------------------------------ steps 6-7
 
