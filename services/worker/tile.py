@@ -209,6 +209,8 @@ class TileRun:
         )
         settled = None if first.fenced else await self._settled(tm, job, first.tile)
         if settled is not None or first.tile is None:
+            # the lease this copy took is given back on the way out (it changed nothing)
+            crash.crash_point("worker.before_copy_release")
             return settled or ACK
         return await self._leased(job, first.tile, beat, fenced=first.fenced)
 

@@ -25,6 +25,7 @@ POINTS = frozenset(
         "worker.after_result_write",  # tile result in the object store, not yet committed
         "worker.after_commit",  # committed in Postgres, tile-done not yet published
         "worker.before_tiles_done",  # the job's last commit announced, tiles-done not yet out
+        "worker.before_copy_release",  # a copy with nothing to render settled, its lease held
         "worker.blender_mid_pass",  # Blender is rendering a pass (request sent, no reply yet)
         "worker.before_ack",  # tile-done (and tiles-done) published, message not yet acked
         "worker.after_pause_checkpoint",  # paused job: checkpoint written, tile still leased

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+from nats.js.errors import KeyNotFoundError
 
 import kernel
 from proto import names as n
@@ -160,3 +161,65 @@ async def test_a_scene_the_kernel_cannot_render_fails_terminally_without_retries
         assert attempts and {a.outcome.value for a in attempts if a.outcome} == {"terminal"}
         assert report.retries == 0 and report.takeovers == 0 and report.dlq == len(attempts)
         assert "non-finite camera" in (status["last_error"] or "")
+
+
+async def test_a_worker_killed_holding_a_late_copys_lease_settles_the_copy_after_restart(
+    chaos_env: dict[str, str], tmp_path: Path
+) -> None:
+    """A copy of a done tile arrives after its committer's lease expired: the worker takes the
+    lease, the fence's statement finds the tile done and writes nothing, the copy re-announces
+    it, and the worker is SIGKILLed before it gives the lease back
+    (``worker.before_copy_release``; reached because the worker's cached job row is still the
+    running one). Restarted, the worker reads the job afresh and drops the redelivered copy:
+    nothing is rendered or committed twice, the image stands."""
+    started = time.monotonic()
+    point = "worker.before_copy_release"
+    body = tiny()
+    async with open_rig(chaos_env, tmp_path / "logs", start=False) as rig:
+        for name in ("gateway", "scheduler", "finalizer"):
+            rig.procs.start(name)
+        rig.procs.start("worker", name="worker-1", env={"TESSERA_CRASH_AT": f"{point}:1"})
+        rig.supervisor.start()
+        job_id = await rig.submit(body)
+        status = await rig.settle(job_id)
+        assert status["state"] == "completed", rig.procs.logs()
+        assert rig.crash_points_hit() == {}, "no copy met a done tile on the plain path"
+        kv = await rig.nc.jetstream().key_value(rig.names.bucket(n.BUCKET_LEASES))
+        key = n.lease_key_tile(job_id, 0)
+
+        async def expired() -> bool:
+            try:
+                entry = await kv.get(key)
+            except KeyNotFoundError:
+                return True
+            return entry.operation is not None  # a delete or purge marker
+
+        await eventually(expired, timeout=30, what="the committer's lease expired")
+        js = rig.nc.jetstream()
+        await js.publish(
+            rig.names.tile_subject(job_id, 0),
+            TileMessage(job_id, 0, generation=7).encode(),
+            headers={"Nats-Msg-Id": n.tile_msg_id(job_id, 0, 7)},
+        )
+        await eventually(
+            lambda: ("worker-1", -9) in rig.supervisor.exit_codes,
+            timeout=30,
+            what="worker-1 died at the point and was restarted",
+            detail=rig.procs.logs,
+        )
+        assert rig.crash_points_hit() == {point: 1}, rig.procs.logs()
+
+        async def drained() -> bool:
+            info = await js.stream_info(rig.names.stream(n.STREAM_TILES))
+            return info.state.messages == 0
+
+        await eventually(drained, timeout=30, what="the copy is consumed", detail=rig.procs.logs)
+        report = await check_job(rig, job_id, body)
+        record(summary_row(point, [report], rig, time.monotonic() - started))
+        report.assert_ok()
+        commits = [e for e in await rig.db.job_events(job_id) if e.to_state == "done"]
+        assert len(commits) == len({e.tile_index for e in commits}), "one commit per tile"
+        # before the kill the worker's cached job row still said running, so the copy was
+        # settled by its tile row; the restarted worker reads the job afresh: completed
+        assert rig.count_logged("tile already done") == 1
+        assert rig.count_logged("job is final; dropping") >= 1, "the redelivery was dropped"
