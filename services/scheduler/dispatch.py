@@ -16,7 +16,10 @@ done attempt of the last :data:`TILE_SECONDS_WINDOW` s, read at most every
 :data:`TILE_SECONDS_REFRESH` s) and the measured round latency (an EWMA of nudge to the round's
 last publish).
 
-Rounds run every ``TESSERA_DISPATCH_INTERVAL`` at the latest, sooner on a nudge: every
+Rounds run every ``TESSERA_DISPATCH_INTERVAL`` at the latest while they release tiles; after
+each round that released nothing the wait doubles, up to ``TESSERA_DISPATCH_IDLE_INTERVAL``
+(:func:`idle_wait`), so an idle farm (or one whose windows are full) runs a transaction every
+couple of seconds, not four a second. A nudge ends any wait at once: every
 job-resumed event (its tiles are releasable again) and every new plan of this process's planner
 start one at once; tile-done events (a plain core-NATS subscription to the EVENTS tile-done
 subjects: a hint that a worker has room, not a durable consumer — a lost nudge costs one
@@ -45,7 +48,13 @@ from shared.nats.presence import LiveWorkers, capacity
 from shared.service.publish import publish_released
 from shared.service.runtime import Runtime
 
-__all__ = ["CAPACITY_REFRESH", "TILE_SECONDS_REFRESH", "TILE_SECONDS_WINDOW", "Dispatcher"]
+__all__ = [
+    "CAPACITY_REFRESH",
+    "TILE_SECONDS_REFRESH",
+    "TILE_SECONDS_WINDOW",
+    "Dispatcher",
+    "idle_wait",
+]
 
 CAPACITY_REFRESH = 1.0
 """Seconds a reading of the live-workers bucket is reused (rounds can run hundreds a second)."""
@@ -78,6 +87,7 @@ class Dispatcher:
         self._done = 0  # tile-done nudges since the last round started
         self._refill = 1  # tile-done nudges that make a round due
         self._nudged_at: float | None = None  # first due nudge since the last round started
+        self._empty = 0  # rounds in a row that released nothing
 
     def nudge(self) -> None:
         """Run a round soon (a job was planned or resumed)."""
@@ -105,14 +115,18 @@ class Dispatcher:
                 nudged_at, self._nudged_at, self._done = self._nudged_at, None, 0
                 full = False
                 try:
-                    full = len(await self.dispatch_once()) >= self.config.dispatch_batch
+                    released = len(await self.dispatch_once())
+                    full = released >= self.config.dispatch_batch
+                    self._empty = 0 if released else self._empty + 1
                     if nudged_at is not None:
                         self.gap.add(loop.time() - nudged_at)
                     await self._count_backlog()
                 except (RetryableError, TerminalError) as exc:
                     self.log.warning("dispatch round failed; next round retries", error=str(exc))
                 if not full:
-                    await _first(stop, self.wake, self.config.dispatch_interval)
+                    wait = idle_wait(self.config.dispatch_interval,
+                                     self.config.dispatch_idle_interval, self._empty)  # fmt: skip
+                    await _first(stop, self.wake, wait)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
@@ -186,6 +200,13 @@ class Dispatcher:
             return
         self._backlog_at = loop.time()
         self.rt.metrics.dispatch_unreleased.set(await self.rt.db.unreleased_tiles())
+
+
+def idle_wait(interval: float, idle_interval: float, empty: int) -> float:
+    """The wait before the next round after ``empty`` rounds in a row released nothing:
+    ``interval`` doubled per empty round, at most ``idle_interval`` (never below
+    ``interval``)."""
+    return max(interval, min(interval * 2.0 ** min(empty, 32), idle_interval))
 
 
 async def _first(stop: asyncio.Event, wake: asyncio.Event, seconds: float) -> None:

@@ -10,14 +10,16 @@ released is read back from PostgreSQL and TILES.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 import asyncpg
 
 from proto import names as n
 from proto.messages import JobMessage
-from services.scheduler.dispatch import Dispatcher
+from services.scheduler.dispatch import Dispatcher, idle_wait
 from services.scheduler.planner import Planner
 from shared.core.lifecycle import TileState
 from shared.core.window import Window
@@ -237,3 +239,48 @@ async def test_tile_done_nudges_are_coalesced_while_a_buffer_is_waiting(
     dispatcher.wake.clear()
     dispatcher.nudge()
     assert dispatcher.wake.is_set()
+
+
+class _Recording(Dispatcher):
+    """The dispatcher, noting each round's ``(empty rounds before it, tiles it released)``."""
+
+    def __init__(self, rt: Runtime) -> None:
+        super().__init__(rt)
+        self.rounds: list[tuple[int, int]] = []
+
+    async def dispatch_once(self, fixed: Mapping[str, int] | None = None) -> list[Tile]:
+        empty = self._empty
+        tiles = await super().dispatch_once(fixed)
+        self.rounds.append((empty, len(tiles)))
+        return tiles
+
+
+async def test_rounds_that_release_nothing_back_off_and_a_nudge_ends_the_wait(
+    runtime: Runtime,
+) -> None:
+    """Each round that releases nothing doubles the wait before the next (up to the idle
+    interval); a nudge ends even the longest wait, and a round that releases tiles goes back to
+    the short one."""
+    assert [idle_wait(0.25, 2.0, k) for k in range(6)] == [0.25, 0.5, 1.0, 2.0, 2.0, 2.0]
+    assert idle_wait(0.25, 0.1, 3) == 0.25, "never below the interval"
+    await _announce(runtime, ("w1", "tessera"))
+    dispatcher = _Recording(runtime)
+    dispatcher.config = dataclasses.replace(
+        dispatcher.config, dispatch_interval=0.05, dispatch_idle_interval=120.0
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(dispatcher.run(stop))
+    try:
+        await eventually(lambda: len(dispatcher.rounds) >= 3, what="three empty rounds")
+        assert dispatcher.rounds[:3] == [(0, 0), (1, 0), (2, 0)]
+        dispatcher._empty = 30  # as after a long idle spell: the next wait is the idle interval
+        dispatcher.nudge()
+        await eventually(lambda: (30, 0) in dispatcher.rounds, what="the nudged round")
+        job_id = await _job(runtime)
+        dispatcher.nudge()  # as the planner does after a plan, during a 120 s wait
+        await eventually(lambda: _released(runtime, job_id), timeout=30, what="the nudge's round")
+        assert (31, 4) in dispatcher.rounds, dispatcher.rounds
+        await eventually(lambda: dispatcher.rounds[-1] == (0, 0), what="the short wait again")
+    finally:
+        stop.set()
+        await task

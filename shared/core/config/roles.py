@@ -213,6 +213,17 @@ class SchedulerSettings:
         read_by="scheduler",
         minimum=0.01,
     )
+    #: the longest wait once rounds release nothing (the wait doubles up to it)
+    dispatch_idle_interval: float = _knob(
+        2.0,
+        "TESSERA_DISPATCH_IDLE_INTERVAL",
+        "longest wait between dispatch rounds while they release nothing (s): after each empty "
+        "round the wait doubles from `TESSERA_DISPATCH_INTERVAL` up to this; a round that "
+        "releases tiles goes back to the short wait, and a nudge (a plan, a resume, tile-done "
+        "events) ends any wait at once",
+        read_by="scheduler",
+        minimum=0.01,
+    )
     #: tiles released per live kernel thread (the window's base is this x threads)
     dispatch_factor: float = _knob(
         2.0,
