@@ -115,9 +115,12 @@ class TileRun:
 
     async def _process(self, tm: TileMessage) -> Outcome:
         job = await self.ctx.jobs.get(tm.job_id)
+        if job is None:
+            self.log.warning("tile message for an unknown job; dropping")
+            return ACK
         gated = self._gate(job)
-        if gated is not None or job is None:
-            return gated or ACK
+        if gated is not None:
+            return gated
         crash.crash_point("worker.before_lease")
         owner = LeaseOwner(node=self.ctx.node, attempt_id=self.attempt_id)
         lease = await self.ctx.leases.acquire(n.lease_key_tile(tm.job_id, tm.tile_index), owner)
@@ -134,16 +137,13 @@ class TileRun:
             if beat.lost.is_set():
                 self.ctx.metrics.lease_renewal_failures.labels(kind="tile").inc()
 
-    def _gate(self, job: Job | None) -> Outcome | None:
+    def _gate(self, job: Job) -> Outcome | None:
         """The outcome of a message whose job alone says there is nothing to render here.
 
         The job row may come from the worker's cache, so its state can be stale, but a terminal,
         paused or cancel-requested row is always read afresh (:class:`JobCache`); the fence
         re-checks the job's state and cancel flag in the statement that takes the tile.
         """
-        if job is None:
-            self.log.warning("tile message for an unknown job; dropping")
-            return ACK
         if is_terminal(job.state) or job.cancel_requested:
             self.log.info("job is final; dropping", state=job.state.value)
             return ACK
