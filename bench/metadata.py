@@ -8,7 +8,9 @@ row, then ``fence_tile`` where it declined; ``commit_tile`` of an inline result)
 (a) one owner after the other: milliseconds per tile (fence + commit) and tiles/s;
 (b) ``--owners`` owners at once on the store's pool: tiles/s;
 (c) takeovers: every tile fenced again by a newer token, which the transaction owns, then
-    committed: milliseconds per tile, for comparison with (a).
+    committed: milliseconds per tile, for comparison with (a);
+(d) dispatch rounds (``release_tiles``) that release one tile each, as the dispatcher does after
+    every finished long tile: milliseconds per round.
 
 Rounds are interleaved and the median of each case is printed.
 """
@@ -91,22 +93,36 @@ async def _timed(db: MetadataStore, tiles: int, owners: int, takeover: bool) -> 
     return time.perf_counter() - started
 
 
+async def _rounds(db: MetadataStore, tiles: int) -> float:
+    """Seconds of ``tiles`` release rounds of one tile each (the window grows by one a round)."""
+    job_id = await _job(db, tiles)
+    started = time.perf_counter()
+    for k in range(1, tiles + 1):
+        released = await db.release_tiles({"tessera": k}, limit=100, usage_window=300)
+        assert len(released.tiles) == 1, f"round {k} released {len(released.tiles)} tiles"
+    seconds = time.perf_counter() - started
+    await db.request_cancel(job_id)  # its released tiles leave the next round's window
+    return seconds
+
+
 async def run(dsn: str, tiles: int, owners: int, rounds: int) -> None:
     db = await MetadataStore.connect(dsn, max_size=owners + 2)
     try:
         await _timed(db, 32, 1, False)  # warm the pool and the plans
-        cases: dict[str, list[float]] = {"a": [], "b": [], "c": []}
+        cases: dict[str, list[float]] = {"a": [], "b": [], "c": [], "d": []}
         for _ in range(rounds):
             cases["a"].append(await _timed(db, tiles, 1, False))
             cases["b"].append(await _timed(db, tiles, owners, False))
             cases["c"].append(await _timed(db, tiles, 1, True))
-        a, b, c = (statistics.median(cases[k]) for k in "abc")
+            cases["d"].append(await _rounds(db, tiles))
+        a, b, c, d = (statistics.median(cases[k]) for k in "abcd")
         print(f"(a) one owner: {a / tiles * 1000:.2f} ms per tile (fence + commit), "
               f"{tiles / a:.0f} tiles/s")  # fmt: skip
         print(f"(b) {owners} owners: {tiles / b:.0f} tiles/s")
         print(
             f"(c) takeovers, one owner: {c / tiles * 1000:.2f} ms per tile, {tiles / c:.0f} tiles/s"
         )
+        print(f"(d) dispatch rounds of one tile: {d / tiles * 1000:.2f} ms per round")
         print(f"    {tiles} tiles per case, median of {rounds} rounds")
     finally:
         await db.close()

@@ -4,10 +4,11 @@ One transaction (:func:`release`):
 
 1. ``pg_advisory_xact_lock(DISPATCH_LOCK)``: dispatchers (one per scheduler) release one at a
    time, so each counts the tiles the previous one released and the window holds across them;
-2. count the released-and-unfinished tiles per renderer and project (``in_flight``);
+2. one statement (:func:`_standing`) reads the released-and-unfinished tiles per renderer and
+   project, the waiting jobs and their projects' weights and caps;
 3. the window per renderer: its ``capacity`` (from the live workers) minus its in-flight tiles;
-4. read the waiting jobs, the projects' weights, caps and usage, and let
-   :func:`shared.core.fairshare.plan_release` decide how many tiles each job gets;
+4. with more than one project waiting, read their usage; then
+   :func:`shared.core.fairshare.plan_release` decides how many tiles each job gets;
 5. stamp them in one statement that takes the rows ``FOR UPDATE SKIP LOCKED`` (a row a cancel
    or pause is writing is left for the next round) and re-checks the job in the statement's own
    snapshot: ``generation + 1``, ``published_at = now()``.
@@ -60,43 +61,69 @@ class Released:
     renderers: dict[str, str] = field(default_factory=dict)
 
 
-async def _in_flight(conn: Conn) -> list[tuple[str, str, int, int]]:
-    """``(renderer, project, released and unfinished, of them not started)`` of live jobs."""
-    rows = await conn.fetch(
-        f"""
-        SELECT j.renderer, j.project, count(*) AS n,
-               count(*) FILTER (WHERE t.state = '{_QUEUED}') AS unstarted
-        FROM tiles t JOIN jobs j ON j.job_id = t.job_id
-        WHERE t.published_at IS NOT NULL AND t.state <> ALL($1::text[])
-          AND j.state <> ALL($2::text[])
-        GROUP BY j.renderer, j.project
-        """,
-        _TERMINAL_TILES,
-        _TERMINAL_JOBS,
-    )
-    return [(r["renderer"], r["project"], int(r["n"]), int(r["unstarted"])) for r in rows]
+@dataclass(frozen=True)
+class _Standing:
+    """What a round reads in one statement after the lock (:func:`_standing`)."""
+
+    #: ``(renderer, project, released and unfinished, of them not started)`` of live jobs
+    held: list[tuple[str, str, int, int]]
+    #: dispatchable jobs with unreleased queued tiles (counted up to the statement's cap)
+    waiting: list[Waiting]
+    #: project -> ``(weight, max_in_flight)`` of the waiting jobs' configured projects
+    settings: dict[str, tuple[float, int | None]]
 
 
-async def _waiting(conn: Conn, renderers: list[str], cap: int) -> list[Waiting]:
-    """Dispatchable jobs of ``renderers`` with unreleased queued tiles (counted up to ``cap``)."""
+#: the in-flight counts, the waiting jobs and their projects' settings, one statement: a round
+#: is a round trip fewer twice over (the three reads were one statement each). Rows with a
+#: ``job_id`` are waiting jobs, the others in-flight counts. $1 dispatchable job states, $2
+#: terminal tile states, $3 terminal job states, $4 renderers, $5 the count's cap.
+_STANDING = f"""
+WITH held AS (
+  SELECT j.renderer, j.project, count(*) AS n,
+         count(*) FILTER (WHERE t.state = '{_QUEUED}') AS unstarted
+  FROM tiles t JOIN jobs j ON j.job_id = t.job_id
+  WHERE t.published_at IS NOT NULL AND t.state <> ALL($2::text[])
+    AND j.state <> ALL($3::text[])
+  GROUP BY j.renderer, j.project
+), waiting AS (
+  SELECT * FROM (
+    SELECT j.job_id, j.project, j.priority, j.created_at, j.renderer,
+           (SELECT count(*) FROM (
+              SELECT 1 FROM tiles t
+              WHERE t.job_id = j.job_id AND t.published_at IS NULL AND t.state = '{_QUEUED}'
+              LIMIT $5) s) AS waiting
+    FROM jobs j
+    WHERE {JOB_DISPATCHABLE} AND j.renderer = ANY($4::text[])
+  ) w WHERE w.waiting > 0
+)
+SELECT NULL::text AS job_id, h.project, NULL::integer AS priority,
+       NULL::timestamptz AS created_at, h.renderer, h.n, h.unstarted,
+       NULL::double precision AS weight, NULL::integer AS max_in_flight, false AS configured
+FROM held h
+UNION ALL
+SELECT w.job_id, w.project, w.priority, w.created_at, w.renderer, w.waiting, 0,
+       p.weight, p.max_in_flight, p.name IS NOT NULL
+FROM waiting w LEFT JOIN projects p ON p.name = w.project
+"""
+
+
+async def _standing(conn: Conn, renderers: list[str], cap: int) -> _Standing:
+    """The in-flight tiles, the waiting jobs of ``renderers`` and their projects' settings."""
     rows = await conn.fetch(
-        f"""
-        SELECT * FROM (
-          SELECT j.job_id, j.project, j.priority, j.created_at, j.renderer,
-                 (SELECT count(*) FROM (
-                    SELECT 1 FROM tiles t
-                    WHERE t.job_id = j.job_id AND t.published_at IS NULL AND t.state = '{_QUEUED}'
-                    LIMIT $3) s) AS waiting
-          FROM jobs j
-          WHERE {JOB_DISPATCHABLE} AND j.renderer = ANY($2::text[])
-        ) w WHERE w.waiting > 0
-        """,
-        _DISPATCHABLE,
-        renderers,
-        cap,
+        _STANDING, _DISPATCHABLE, _TERMINAL_TILES, _TERMINAL_JOBS, renderers, cap
     )
-    fields = ("job_id", "project", "priority", "created_at", "renderer", "waiting")
-    return [Waiting(*(r[f] for f in fields)) for r in rows]
+    held: list[tuple[str, str, int, int]] = []
+    waiting: list[Waiting] = []
+    settings: dict[str, tuple[float, int | None]] = {}
+    for r in rows:
+        if r["job_id"] is None:
+            held.append((r["renderer"], r["project"], int(r["n"]), int(r["unstarted"])))
+            continue
+        waiting.append(Waiting(r["job_id"], r["project"], r["priority"], r["created_at"],
+                               r["renderer"], int(r["n"])))  # fmt: skip
+        if r["configured"]:
+            settings[r["project"]] = (float(r["weight"]), r["max_in_flight"])
+    return _Standing(held, waiting, settings)
 
 
 async def _usage(conn: Conn, projects: list[str], window: float) -> tuple[dict[str, float], float]:
@@ -170,15 +197,17 @@ async def release(
 ) -> Released:
     """One release round (see the module docstring); at most ``limit`` tiles."""
     await conn.execute("SELECT pg_advisory_xact_lock($1)", DISPATCH_LOCK)
-    held = await _in_flight(conn)
+    # (the waiting jobs are read for every renderer with a capacity, counted up to the largest
+    # budget a round can have, so one statement serves before the budgets are known)
+    cap = max([min(c, limit) for c in capacity.values()], default=0)
+    standing = await _standing(conn, sorted(capacity), max(cap, 1))
+    held = standing.held
     per_renderer: dict[str, int] = {}
     for renderer, _, count, _ in held:
         per_renderer[renderer] = per_renderer.get(renderer, 0) + count
     windows = {r: max(0, c - per_renderer.get(r, 0)) for r, c in capacity.items()}
     budgets = {r: min(w, limit) for r, w in windows.items() if w > 0}
-    if not budgets:
-        return Released(windows=windows)
-    waiting = await _waiting(conn, sorted(budgets), max(budgets.values()))
+    waiting = [w for w in standing.waiting if w.renderer in budgets]
     if not waiting:
         return Released(windows=windows)
     names = sorted({w.project for w in waiting})
@@ -186,12 +215,7 @@ async def release(
     usage, estimate = (
         await _usage(conn, names, usage_window) if len(names) > 1 else ({}, DEFAULT_ESTIMATE)
     )
-    settings = {
-        r["name"]: (float(r["weight"]), r["max_in_flight"])
-        for r in await conn.fetch(
-            "SELECT name, weight, max_in_flight FROM projects WHERE name = ANY($1::text[])", names
-        )
-    }
+    settings = standing.settings
     in_flight: dict[str, int] = {}
     unstarted: dict[str, int] = {}
     for _, project, count, queued in held:

@@ -101,3 +101,15 @@ async def test_tile_seconds_are_the_mean_done_attempt_of_each_renderer(meta: Met
     got = await meta.tile_seconds(60)
     assert list(got) == ["tessera"], "the blender attempt is still open"
     assert 0 <= got["tessera"] < 60
+
+
+async def test_a_full_renderer_leaves_the_round_to_the_other(meta: Meta):
+    """Waiting jobs are read for every renderer with a capacity; a full one's are dropped."""
+    still = await _job(meta)
+    other = await _job(meta, renderer="blender")
+    first = await meta.release_tiles({"tessera": 1, "blender": 1}, limit=100, usage_window=300)
+    assert _ids(first.tiles) == sorted([(still.job_id, 0), (other.job_id, 0)])
+    second = await meta.release_tiles({"tessera": 1, "blender": 3}, limit=100, usage_window=300)
+    assert _ids(second.tiles) == [(other.job_id, 1), (other.job_id, 2)]
+    assert second.windows == {"tessera": 0, "blender": 2}
+    assert second.renderers == {other.job_id: "blender"}
