@@ -199,8 +199,8 @@ async def release(
     await conn.execute("SELECT pg_advisory_xact_lock($1)", DISPATCH_LOCK)
     # (the waiting jobs are read for every renderer with a capacity, counted up to the largest
     # budget a round can have, so one statement serves before the budgets are known)
-    cap = max([min(c, limit) for c in capacity.values()], default=0)
-    standing = await _standing(conn, sorted(capacity), max(cap, 1))
+    cap = max((min(c, limit) for c in capacity.values()), default=0)
+    standing = await _standing(conn, sorted(capacity), cap)
     held = standing.held
     per_renderer: dict[str, int] = {}
     for renderer, _, count, _ in held:
