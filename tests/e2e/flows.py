@@ -64,6 +64,21 @@ async def result_bytes(objects: ObjectStore, status: dict[str, Any]) -> bytes:
     return await objects.get(status["result_location"], sha256=status["result_sha256"])
 
 
+async def workers_live(js: JetStreamContext, names: n.Names, nodes: set[str]) -> None:
+    """Wait until every worker in ``nodes`` has announced itself, so the dispatcher counts
+    their capacity from the first round (a worker still starting would otherwise see a short
+    job finished by the others)."""
+
+    async def live() -> bool:
+        try:
+            workers = await LiveWorkers(js, names.bucket(n.BUCKET_WORKERS)).list()
+        except TesseraError:
+            return False  # the scheduler has not declared the topology yet
+        return nodes <= {w.node for w in workers}
+
+    await eventually(live, timeout=60, what=f"workers {sorted(nodes)} announced")
+
+
 async def announce_idle_worker(js: JetStreamContext, names: n.Names, threads: int = 6) -> None:
     """A live worker as the dispatcher sees one (``threads`` kernel threads: a window of twice
     as many tiles) that renders nothing, so tiles are released into TILES with no consumer

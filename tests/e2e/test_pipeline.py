@@ -15,7 +15,14 @@ from shared.core.lifecycle import JobTrigger
 from shared.metadata import MetadataStore
 from shared.objectstore import DirectoryStore, ObjectStore
 from tests.e2e.conftest import reference_png
-from tests.e2e.flows import announce_idle_worker, request, result_bytes, settle, submit
+from tests.e2e.flows import (
+    announce_idle_worker,
+    request,
+    result_bytes,
+    settle,
+    submit,
+    workers_live,
+)
 from tests.harness import ServiceProcesses
 from tests.helpers import eventually
 
@@ -82,6 +89,8 @@ async def test_two_workers_one_finalizer_on_sixteen_tiles(
     client: TesseraClient,
     objects: ObjectStore,
     db: MetadataStore,
+    nc: NATS,
+    e2e_settings: Settings,
     results: str,
 ) -> None:
     # 16x16 tiles: 6 KiB results, inline by default; as objects (read ahead by the finalizer)
@@ -89,6 +98,8 @@ async def test_two_workers_one_finalizer_on_sixteen_tiles(
     if results == "objects":
         services.env["TESSERA_INLINE_RESULT_BYTES"] = "0"
     services.start_all(workers=2)
+    names = n.Names(e2e_settings.deployment.namespace)
+    await workers_live(nc.jetstream(), names, {"worker-1", "worker-2"})
     body = request(width=64, height=64, spp=16)
     reply = await submit(client, body)
     job_id = reply["job_id"]
