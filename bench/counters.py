@@ -44,7 +44,9 @@ __all__ = [
     "POSTGRES_OPTIONS",
     "CounterReader",
     "Counters",
+    "Phases",
     "enable_statement_counts",
+    "job_phases",
     "nats_messages",
     "pin_process_tree",
     "pin_thread",
@@ -164,6 +166,48 @@ async def sql_counts(conn: asyncpg.Connection) -> tuple[int, int]:
     )
     assert row is not None
     return int(row["total"]), int(row["control"])
+
+
+@dataclass(frozen=True)
+class Phases:
+    """Where a job's wall time went, from its own rows: ``lead``, the submit (the job's first
+    event) to the first tile attempt's start; ``span``, the first tile attempt's start to the
+    last one's end; ``tail``, that end to the job's last event (completed)."""
+
+    lead: float
+    span: float
+    tail: float
+
+    def busy(self, kernel_seconds: float, threads: int) -> float:
+        """The kernel threads' CPU as a fraction of ``threads`` x ``span``: how much of the
+        render span the kernels ran (what is missing went to other work on their cores, or
+        to waiting for a tile or a pass)."""
+        return kernel_seconds / (threads * self.span) if threads and self.span > 0 else 0.0
+
+
+_PHASES = f"""
+SELECT {_MARK}
+  (SELECT min(at) FROM job_events WHERE job_id = $1) AS submitted,
+  (SELECT max(at) FROM job_events WHERE job_id = $1) AS settled,
+  min(started_at) AS first, max(ended_at) AS last
+FROM attempts WHERE job_id = $1 AND tile_index IS NOT NULL
+"""
+
+
+async def job_phases(dsn: str, job_id: str) -> Phases:
+    """The :class:`Phases` of a settled job (its tile attempts all ended)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        row = await conn.fetchrow(_PHASES, job_id)
+    finally:
+        await conn.close()
+    if row is None or row["first"] is None or row["last"] is None:
+        raise ValueError(f"job {job_id} has no ended tile attempts")
+    return Phases(
+        lead=(row["first"] - row["submitted"]).total_seconds(),
+        span=(row["last"] - row["first"]).total_seconds(),
+        tail=(row["settled"] - row["last"]).total_seconds(),
+    )
 
 
 def _cpu(times: Any) -> float:

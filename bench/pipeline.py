@@ -45,7 +45,9 @@ from bench.counters import (
     POSTGRES_OPTIONS,
     CounterReader,
     Counters,
+    Phases,
     enable_statement_counts,
+    job_phases,
     pin_process_tree,
     pin_thread,
     service_env,
@@ -209,19 +211,20 @@ def _checked(counters: Counters | None) -> Counters:
 
 def bench_overhead(
     stack: Stack, spp: int, rounds: int, tile: TileSize = 64
-) -> tuple[list[float], list[float], list[Counters], list[int]]:
+) -> tuple[list[float], list[float], list[Counters], list[int], list[Phases]]:
     """(a): pipeline seconds vs direct seconds for the same 512x512 image, ``rounds`` times.
 
     The two are interleaved (direct, pipeline, direct, ...) so that a slow spell of this
-    shared machine weighs on both alike. Also the counters and the tile count of each pipeline
-    run. ``tile="auto"``: the scheduler picks the edge (the warm-up job measures the cost).
+    shared machine weighs on both alike. Also the counters, the tile count and the phases of
+    each pipeline run. ``tile="auto"``: the scheduler picks the edge (the warm-up job measures
+    the cost).
     """
     # (one database for every part: the auto run's own project keeps its warm-up job from being
     # the (a) run's, which the idempotency key would return completed)
     space = "benchA" if tile != "auto" else "benchAauto"
     env = {"TESSERA_NAMESPACE": space, "TESSERA_WORKER_SLOTS": str(CORES)}
     procs = with_services(stack, env, workers=1)
-    directs, pipelines, counters, tiles = [], [], [], []
+    directs, pipelines, counters, tiles, phases = [], [], [], [], []
     try:
         warmup = SubmitRequest(project=space, scene="cornell", width=64, height=64, spp=1)
         asyncio.run(timed_job(stack.env() | env, warmup))  # processes up, JIT cache loaded
@@ -238,9 +241,20 @@ def bench_overhead(
             pipelines.append(seconds)
             counters.append(_checked(c))
             tiles.append(int(status["tiles_total"]))
+            phases.append(_phases_line(stack, status, counters[-1], i))
     finally:
         procs.stop_all()
-    return pipelines, directs, counters, tiles
+    return pipelines, directs, counters, tiles, phases
+
+
+def _phases_line(stack: Stack, status: Mapping[str, Any], counters: Counters, i: int) -> Phases:
+    """The job's :class:`Phases`, printed for round ``i``."""
+    phases = asyncio.run(job_phases(stack.postgres.dsn, str(status["job_id"])))
+    busy = phases.busy(counters.kernel_seconds, counters.kernel_threads)
+    print(f"    round {i + 1}: submit to first tile {1000 * phases.lead:.0f} ms, render span "
+          f"{phases.span:.3f} s (kernel threads busy {100 * busy:.1f} % of it), last tile to "
+          f"completed {1000 * phases.tail:.0f} ms")  # fmt: skip
+    return phases
 
 
 @contextmanager
@@ -255,19 +269,21 @@ def _pinned(roots: list[int], cores: set[int], *, keep: set[int]) -> Iterator[No
             pin_process_tree(pid, ALL_CORES)
 
 
-def bench_isolated(stack: Stack, spp: int, rounds: int) -> tuple[list[float], list[float]]:
+def bench_isolated(
+    stack: Stack, spp: int, rounds: int
+) -> tuple[list[float], list[float], list[Counters], list[Phases]]:
     """(a'): the render core isolated; pipeline vs direct render on that core, interleaved.
 
     The worker runs one kernel thread (``TESSERA_WORKER_SLOTS=1``), pinned to the last core;
     every other thread of the stack (NATS, PostgreSQL and its backends, gateway, scheduler,
     finalizer, the rest of the worker, this client) to the other cores. The direct render
-    runs on one thread pinned to the render core.
+    runs on one thread pinned to the render core. Also each run's counters and phases.
     """
     render_core = CORES - 1
     others = ALL_CORES - {render_core}
     env = {"TESSERA_NAMESPACE": "benchA1", "TESSERA_WORKER_SLOTS": "1"}
     procs = with_services(stack, env, workers=1)
-    directs, pipelines = [], []
+    directs, pipelines, counters, phases = [], [], [], []
     try:
         warmup = SubmitRequest(project="benchA1", scene="cornell", width=64, height=64, spp=1)
         asyncio.run(timed_job(stack.env() | env, warmup))  # the kernel thread exists now
@@ -288,16 +304,20 @@ def bench_isolated(stack: Stack, spp: int, rounds: int) -> tuple[list[float], li
                 client = os.sched_getaffinity(0)
                 os.sched_setaffinity(0, others)  # this client is not on the render core either
                 try:
-                    seconds, status, _ = asyncio.run(timed_job(stack.env() | env, req))
+                    seconds, status, c = asyncio.run(
+                        timed_job(stack.env() | env, req, stack, procs)
+                    )
                 finally:
                     os.sched_setaffinity(0, client)
                 assert status["state"] == "completed", status
                 print(f"    round {i + 1}: pipeline {seconds:.3f} s  ratio {seconds / direct:.3f}")
                 directs.append(direct)
                 pipelines.append(seconds)
+                counters.append(_checked(c))
+                phases.append(_phases_line(stack, status, counters[-1], i))
     finally:
         procs.stop_all()
-    return pipelines, directs
+    return pipelines, directs, counters, phases
 
 
 def bench_tiny_tiles(stack: Stack, tiles_side: int, workers: int) -> tuple[int, float, Counters]:
@@ -413,7 +433,7 @@ def main() -> None:
     ):
         asyncio.run(enable_statement_counts(stack.postgres.dsn))
         if "a" not in skip:
-            pipelines, directs, counters, _ = bench_overhead(stack, args.spp, args.rounds)
+            pipelines, directs, counters, _, phases = bench_overhead(stack, args.spp, args.rounds)
             med, best = _overhead(pipelines, directs)
             print(f"(a) 512x512 {args.spp} spp, 64x64 tiles, {CORES} cores, {args.rounds} rounds")
             print(
@@ -429,8 +449,9 @@ def main() -> None:
             )
             rows = [c.per_tile(64) for c in counters]
             summary.append(_summary_counters("(a)", rows))
+            summary.append(_phases_summary("(a)", phases, counters, directs))
         if "auto" not in skip:
-            pipelines, directs, counters, planned = bench_overhead(
+            pipelines, directs, counters, planned, phases = bench_overhead(
                 stack, args.spp, args.rounds, "auto"
             )
             med, best = _overhead(pipelines, directs)
@@ -445,8 +466,9 @@ def main() -> None:
                 f"(a)  overhead, tile_size auto         {med:+6.1f} %   "
                 f"(best {best:+.1f} %)   target <= +{TARGET_AUTO:g} %"
             )
+            summary.append(_phases_summary("(a auto)", phases, counters, directs))
         if "a'" not in skip and CORES >= 2:
-            pipelines, directs = bench_isolated(stack, args.spp, args.rounds)
+            pipelines, directs, counters, phases = bench_isolated(stack, args.spp, args.rounds)
             med, best = _overhead(pipelines, directs)
             print(
                 f"(a') 512x512 {args.spp} spp, 64x64 tiles, 1 kernel thread alone on core "
@@ -461,6 +483,7 @@ def main() -> None:
                 f"(a') overhead, render core isolated   {med:+6.1f} %   "
                 f"(best {best:+.1f} %)   target <= +{TARGET_ISOLATED:g} %"
             )
+            summary.append(_phases_summary("(a')", phases, counters, directs))
         if "b" not in skip:
             for workers in sorted({1, 2, CORES}):
                 tiles, secs, tc = bench_tiny_tiles(stack, args.tiny_side, workers)
@@ -489,6 +512,26 @@ def main() -> None:
     if summary:
         print("\nsummary (issue 19 targets; medians of side-by-side rounds)")
         print("\n".join(summary))
+
+
+def _phases_summary(
+    label: str, phases: list[Phases], counters: list[Counters], directs: list[float]
+) -> str:
+    """Where the pipeline's extra time went (medians of rounds): the job's lead and tail
+    around the render span, how busy the kernel threads were within the span, and their CPU
+    against the direct render's (threads x its wall time: above 1, the kernel itself ran
+    slower than alone, as when other work shares its caches and memory)."""
+    busy = [
+        p.busy(c.kernel_seconds, c.kernel_threads) for p, c in zip(phases, counters, strict=True)
+    ]
+    kernel = [c.kernel_seconds / (c.kernel_threads * d)
+              for c, d in zip(counters, directs, strict=True)]  # fmt: skip
+    return (
+        f"{label:9s} submit to first tile {1000 * statistics.median(p.lead for p in phases):.0f}"
+        f" ms, kernel threads busy {100 * statistics.median(busy):.1f} % of the render span, "
+        f"their CPU {statistics.median(kernel):.3f} x the direct render's, last tile to "
+        f"completed {1000 * statistics.median(p.tail for p in phases):.0f} ms"
+    )
 
 
 def _by_process(counters: Counters, tiles: int) -> str:

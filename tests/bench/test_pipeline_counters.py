@@ -13,7 +13,9 @@ from bench.counters import (
     KERNEL_THREAD_PREFIX,
     POSTGRES_OPTIONS,
     CounterReader,
+    Phases,
     enable_statement_counts,
+    job_phases,
     nats_messages,
     process_tree_cpu,
     threads_named,
@@ -41,8 +43,9 @@ def test_counters_of_a_tiny_job_are_positive_and_consistent(counted_stack: Stack
         # 4 tiles of 16x16; enough samples that the kernel threads show CPU
         request = SubmitRequest(project="counters", scene="cornell", width=32, height=32,
                                 spp=16, tile_size=16)  # fmt: skip
-        _, status, counters = asyncio.run(timed_job(stack.env() | env, request, stack, procs))
+        seconds, status, counters = asyncio.run(timed_job(stack.env() | env, request, stack, procs))
         assert status["state"] == "completed", procs.logs()
+        phases = asyncio.run(job_phases(stack.postgres.dsn, status["job_id"]))
         assert counters is not None
         worker = procs.procs["worker-1"].pid
         assert worker is not None
@@ -60,6 +63,18 @@ def test_counters_of_a_tiny_job_are_positive_and_consistent(counted_stack: Stack
     assert 0 < counters.sql_control < counters.sql_statements  # transactions, and their work
     per_tile = counters.per_tile(4)
     assert all(math.isfinite(v) and v > 0 for v in per_tile.values()), per_tile
+    # the job's phases come from its own rows: each one positive, and together within the
+    # time the client measured from its submit to the completed event
+    assert phases.lead > 0 and phases.span > 0 and phases.tail > 0, phases
+    assert phases.lead + phases.span + phases.tail <= seconds, (phases, seconds)
+
+
+def test_kernel_busy_is_kernel_cpu_over_threads_times_span() -> None:
+    phases = Phases(lead=0.02, span=4.0, tail=0.07)
+    assert phases.busy(7.6, 2) == pytest.approx(0.95)
+    assert phases.busy(4.0, 1) == pytest.approx(1.0)
+    assert Phases(0.0, 0.0, 0.0).busy(1.0, 2) == 0.0, "no span: nothing to divide by"
+    assert phases.busy(1.0, 0) == 0.0, "no kernel thread found"
 
 
 def test_the_nats_counters_count_a_publish_and_the_reader_ignores_its_own_queries(
