@@ -16,17 +16,20 @@ done attempt of the last :data:`TILE_SECONDS_WINDOW` s, read at most every
 :data:`TILE_SECONDS_REFRESH` s) and the measured round latency (an EWMA of nudge to the round's
 last publish).
 
-Rounds run every ``TESSERA_DISPATCH_INTERVAL`` at the latest while they release tiles; after
-each round that released nothing the wait doubles, up to ``TESSERA_DISPATCH_IDLE_INTERVAL``
-(:func:`idle_wait`), so an idle farm (or one whose windows are full) runs a transaction every
-couple of seconds, not four a second. A nudge ends any wait at once: every
-job-resumed event (its tiles are releasable again) and every new plan of this process's planner
-start one at once; tile-done events (a plain core-NATS subscription to the EVENTS tile-done
-subjects: a hint that a worker has room, not a durable consumer — a lost nudge costs one
-interval) start one after ``refill`` of them (1 without a buffer; with one, half the buffer has
-been taken by then). Nudges during a round are coalesced into the next round. A round that
-filled its batch runs the next at once. Several schedulers may run dispatchers at once: their
-releases take turns under one advisory lock.
+Rounds are brought by events, with a timer as the net for what no event announces (a worker
+joining, a lost nudge): a nudge ends any wait at once. Every new plan of this process's
+planner and every job-control event (:data:`CONTROL_EVENTS`: a resume makes tiles releasable
+again; a pause, cancel, failure or dead letter frees room; a retry) start one at once;
+tile-done events (a plain core-NATS subscription to the EVENTS tile-done subjects: a hint that
+a worker has room, not a durable consumer) start one after ``refill`` of them (1 without a
+buffer; with one, half the buffer has been taken by then). The timer waits
+``TESSERA_DISPATCH_INTERVAL``, doubled after each round that released nothing or only answered a
+nudge, up to ``TESSERA_DISPATCH_IDLE_INTERVAL`` (:func:`backoff_after`, :func:`idle_wait`): an
+idle farm, or one whose windows are full between tile-done events, runs a transaction every
+couple of seconds, not four a second; a round the timer started that releases tiles brings the
+short wait back (a lost nudge costs at most the idle interval). Nudges during a round are
+coalesced into the next round. A round that filled its batch runs the next at once. Several
+schedulers may run dispatchers at once: their releases take turns under one advisory lock.
 """
 
 from __future__ import annotations
@@ -50,9 +53,11 @@ from shared.service.runtime import Runtime
 
 __all__ = [
     "CAPACITY_REFRESH",
+    "CONTROL_EVENTS",
     "TILE_SECONDS_REFRESH",
     "TILE_SECONDS_WINDOW",
     "Dispatcher",
+    "backoff_after",
     "idle_wait",
 ]
 
@@ -64,6 +69,15 @@ TILE_SECONDS_WINDOW = 10.0
 """Seconds of done attempts the mean tile duration is taken over."""
 BACKLOG_REFRESH = 5.0
 """Seconds between two counts of the unreleased tiles (a metric only)."""
+CONTROL_EVENTS = (
+    n.EventKind.JOB_RESUMED,
+    n.EventKind.JOB_PAUSED,
+    n.EventKind.JOB_CANCELLED,
+    n.EventKind.JOB_FAILED,
+    n.EventKind.JOB_DEAD_LETTERED,
+    n.EventKind.JOB_RETRIED,
+)
+"""Job events that may make tiles releasable or free room in a window: each nudges."""
 
 
 class Dispatcher:
@@ -87,7 +101,7 @@ class Dispatcher:
         self._done = 0  # tile-done nudges since the last round started
         self._refill = 1  # tile-done nudges that make a round due
         self._nudged_at: float | None = None  # first due nudge since the last round started
-        self._empty = 0  # rounds in a row that released nothing
+        self._empty = 0  # the timer's backoff: rounds since one it started found tiles
 
     def nudge(self) -> None:
         """Run a round soon (a job was planned or resumed)."""
@@ -104,9 +118,10 @@ class Dispatcher:
     async def run(self, stop: asyncio.Event) -> None:
         """Rounds until ``stop``."""
         sub = await self.rt.nc.subscribe(self.rt.names.tile_done_filter, cb=self._on_done)
-        resumed = await self.rt.nc.subscribe(
-            self.rt.names.event_filter(n.EventKind.JOB_RESUMED), cb=self._on_resumed
-        )
+        controls = [
+            await self.rt.nc.subscribe(self.rt.names.event_filter(kind), cb=self._on_control)
+            for kind in CONTROL_EVENTS
+        ]
         loop = asyncio.get_running_loop()
         try:
             while not stop.is_set():
@@ -117,7 +132,7 @@ class Dispatcher:
                 try:
                     released = len(await self.dispatch_once())
                     full = released >= self.config.dispatch_batch
-                    self._empty = 0 if released else self._empty + 1
+                    self._empty = backoff_after(self._empty, released, nudged_at is not None)
                     if nudged_at is not None:
                         self.gap.add(loop.time() - nudged_at)
                     await self._count_backlog()
@@ -130,12 +145,13 @@ class Dispatcher:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-                await resumed.unsubscribe()
+                for control in controls:
+                    await control.unsubscribe()
 
     async def _on_done(self, _msg: Msg) -> None:
         self.tile_done()
 
-    async def _on_resumed(self, _msg: Msg) -> None:
+    async def _on_control(self, _msg: Msg) -> None:
         self.nudge()
 
     async def capacity(self) -> dict[str, int]:
@@ -200,6 +216,22 @@ class Dispatcher:
             return
         self._backlog_at = loop.time()
         self.rt.metrics.dispatch_unreleased.set(await self.rt.db.unreleased_tiles())
+
+
+def backoff_after(empty: int, released: int, nudged: bool) -> int:
+    """The backoff count after a round that followed ``empty`` rounds of it and released
+    ``released`` tiles; ``nudged``: an event started the round.
+
+    A round that releases nothing counts one more. One that releases tiles on a nudge leaves
+    the count as it was: events are bringing the rounds, and with the windows full only another
+    event opens room, so the timer between them backs off as if the rounds were empty (it is
+    the net for what no event announces). One the timer started that releases tiles resets it:
+    something made tiles releasable without an event, so the timer polls at the short interval
+    again.
+    """
+    if not released:
+        return empty + 1
+    return empty if nudged else 0
 
 
 def idle_wait(interval: float, idle_interval: float, empty: int) -> float:

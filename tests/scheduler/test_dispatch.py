@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -19,7 +20,7 @@ import asyncpg
 
 from proto import names as n
 from proto.messages import JobMessage
-from services.scheduler.dispatch import Dispatcher, idle_wait
+from services.scheduler.dispatch import Dispatcher, backoff_after, idle_wait
 from services.scheduler.planner import Planner
 from shared.core.lifecycle import TileState
 from shared.core.window import Window
@@ -259,8 +260,8 @@ async def test_rounds_that_release_nothing_back_off_and_a_nudge_ends_the_wait(
     runtime: Runtime,
 ) -> None:
     """Each round that releases nothing doubles the wait before the next (up to the idle
-    interval); a nudge ends even the longest wait, and a round that releases tiles goes back to
-    the short one."""
+    interval); a nudge ends even the longest wait, and a nudged round that releases tiles leaves
+    the wait as long as it was (events bring the rounds while they come)."""
     assert [idle_wait(0.25, 2.0, k) for k in range(6)] == [0.25, 0.5, 1.0, 2.0, 2.0, 2.0]
     assert idle_wait(0.25, 0.1, 3) == 0.25, "never below the interval"
     await _announce(runtime, ("w1", "tessera"))
@@ -282,7 +283,67 @@ async def test_rounds_that_release_nothing_back_off_and_a_nudge_ends_the_wait(
         await eventually(lambda: len(dispatcher.rounds) >= 5, timeout=30, what="the nudge's round")
         assert dispatcher.rounds[4] == (31, 4), dispatcher.rounds
         assert await _released(runtime, job_id) == 4
-        await eventually(lambda: dispatcher.rounds[-1] == (0, 0), what="the short wait again")
+        # (set before the dispatcher next awaits, so before this task runs again)
+        assert dispatcher._empty == 31, "the window is full: only another event opens room"
+    finally:
+        stop.set()
+        await task
+
+
+def test_the_backoff_counts_empty_rounds_and_resets_on_what_the_timer_finds() -> None:
+    assert backoff_after(3, 0, nudged=False) == 4
+    assert backoff_after(3, 0, nudged=True) == 4, "a nudge that found nothing"
+    assert backoff_after(3, 5, nudged=True) == 3, "the events are bringing the rounds"
+    assert backoff_after(3, 5, nudged=False) == 0, "tiles became releasable with no event"
+
+
+async def test_a_round_the_timer_starts_that_releases_tiles_brings_the_short_wait_back(
+    runtime: Runtime,
+) -> None:
+    """Tiles that became releasable with no event (here: planned by a planner that does not
+    nudge this dispatcher) are found by a round the timer started; it resets the backoff, so
+    the next wait is the short interval, not the idle one."""
+    await _announce(runtime, ("w1", "tessera"))
+    job_id = await _job(runtime)
+    dispatcher = _Recording(runtime)
+    dispatcher.config = dataclasses.replace(
+        dispatcher.config, dispatch_interval=0.05, dispatch_idle_interval=120.0
+    )
+    dispatcher._empty = 30  # as after a long idle spell
+    stop = asyncio.Event()
+    task = asyncio.create_task(dispatcher.run(stop))
+    try:
+        # (the first round starts at once, with no nudge: as a timer round)
+        await eventually(lambda: len(dispatcher.rounds) >= 2, timeout=30, what="two rounds")
+        assert dispatcher.rounds[:2] == [(30, 4), (0, 0)], dispatcher.rounds
+        assert await _released(runtime, job_id) == 4
+    finally:
+        stop.set()
+        await task
+
+
+def _rounds_past(dispatcher: _Recording, count: int) -> bool:
+    return len(dispatcher.rounds) > count
+
+
+async def test_job_control_events_nudge_the_dispatcher(runtime: Runtime) -> None:
+    """A resume, pause, cancel, failure, dead letter or retry of any job ends the wait at once
+    (the timer here would wait 120 s)."""
+    dispatcher = _Recording(runtime)
+    dispatcher.config = dataclasses.replace(
+        dispatcher.config, dispatch_interval=120.0, dispatch_idle_interval=120.0
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(dispatcher.run(stop))
+    try:
+        # the subscriptions are made before the first round, on the connection published on
+        await eventually(lambda: dispatcher.rounds, what="the first round")
+        kinds = ["job-resumed", "job-paused", "job-cancelled", "job-failed",
+                 "job-dead-lettered", "job-retried"]  # fmt: skip
+        for kind in map(n.EventKind, kinds):
+            past = functools.partial(_rounds_past, dispatcher, len(dispatcher.rounds))
+            await runtime.nc.publish(runtime.names.event_subject("j1", kind), b"{}")
+            await eventually(past, what=f"a round on {kind}")
     finally:
         stop.set()
         await task

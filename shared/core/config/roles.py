@@ -203,24 +203,26 @@ class SchedulerSettings:
         read_by="scheduler",
         minimum=0.1,
     )
-    #: the dispatcher's longest wait between rounds (tile-done events and new plans wake it)
+    #: the shortest wait of the dispatcher's timer (events wake it sooner)
     dispatch_interval: float = _knob(
         0.25,
         "TESSERA_DISPATCH_INTERVAL",
-        "longest wait between dispatch rounds (s); a new plan wakes the dispatcher sooner, and "
-        "so do tile-done events (each one for long tiles, every few while short tiles are "
-        "buffered)",
+        "shortest wait of the dispatcher's timer between rounds (s); rounds come on events: a "
+        "new plan, job-control events (resume, pause, cancel, failure, retry) and tile-done "
+        "events (each one for long tiles, every few while short tiles are buffered) wake the "
+        "dispatcher at once; the timer is the net for what no event announces",
         read_by="scheduler",
         minimum=0.01,
     )
-    #: the longest wait once rounds release nothing (the wait doubles up to it)
+    #: the longest wait of the dispatcher's timer (the wait doubles up to it)
     dispatch_idle_interval: float = _knob(
         2.0,
         "TESSERA_DISPATCH_IDLE_INTERVAL",
-        "longest wait between dispatch rounds while they release nothing (s): after each empty "
-        "round the wait doubles from `TESSERA_DISPATCH_INTERVAL` up to this; a round that "
-        "releases tiles goes back to the short wait, and a nudge (a plan, a resume, tile-done "
-        "events) ends any wait at once",
+        "longest wait of the dispatcher's timer (s): after each round that released nothing, "
+        "or released tiles on an event, the wait doubles from `TESSERA_DISPATCH_INTERVAL` up "
+        "to this; a round the timer started that releases tiles goes back to the short wait, "
+        "and an event ends any wait at once (a worker joining or a lost event waits at most "
+        "this)",
         read_by="scheduler",
         minimum=0.01,
     )
