@@ -23,11 +23,12 @@ again; a pause, cancel, failure or dead letter frees room; a retry) start one at
 tile-done events (a plain core-NATS subscription to the EVENTS tile-done subjects: a hint that
 a worker has room, not a durable consumer) start one after ``refill`` of them (1 without a
 buffer; with one, half the buffer has been taken by then). The timer waits
-``TESSERA_DISPATCH_INTERVAL``, doubled after each round that released nothing or only answered a
-nudge, up to ``TESSERA_DISPATCH_IDLE_INTERVAL`` (:func:`backoff_after`, :func:`idle_wait`): an
-idle farm, or one whose windows are full between tile-done events, runs a transaction every
-couple of seconds, not four a second; a round the timer started that releases tiles brings the
-short wait back (a lost nudge costs at most the idle interval). Nudges during a round are
+``TESSERA_DISPATCH_INTERVAL``, doubled after each round that released nothing up to
+``TESSERA_DISPATCH_IDLE_INTERVAL`` and left as it was by a round that released tiles on a nudge
+(:func:`backoff_after`, :func:`idle_wait`): an idle farm, or one whose windows are full between
+tile-done events, runs a transaction every couple of seconds, not four a second; a round the
+timer started that releases tiles brings the short wait back (a lost nudge costs at most the
+idle interval). Nudges during a round are
 coalesced into the next round. A round that filled its batch runs the next at once. Several
 schedulers may run dispatchers at once: their releases take turns under one advisory lock.
 """
@@ -104,7 +105,7 @@ class Dispatcher:
         self._empty = 0  # the timer's backoff: rounds since one it started found tiles
 
     def nudge(self) -> None:
-        """Run a round soon (a job was planned or resumed)."""
+        """Run a round soon (a job was planned, or a job-control event came)."""
         if self._nudged_at is None:
             self._nudged_at = asyncio.get_running_loop().time()
         self.wake.set()

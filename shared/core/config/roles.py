@@ -218,11 +218,11 @@ class SchedulerSettings:
     dispatch_idle_interval: float = _knob(
         2.0,
         "TESSERA_DISPATCH_IDLE_INTERVAL",
-        "longest wait of the dispatcher's timer (s): after each round that released nothing, "
-        "or released tiles on an event, the wait doubles from `TESSERA_DISPATCH_INTERVAL` up "
-        "to this; a round the timer started that releases tiles goes back to the short wait, "
-        "and an event ends any wait at once (a worker joining or a lost event waits at most "
-        "this)",
+        "longest wait of the dispatcher's timer (s): after each round that released nothing "
+        "the wait doubles from `TESSERA_DISPATCH_INTERVAL` up to this, a round that released "
+        "tiles on an event leaves it as it was, and one the timer started that releases tiles "
+        "goes back to the short wait; an event ends any wait at once (a worker joining or a "
+        "lost event waits at most this)",
         read_by="scheduler",
         minimum=0.01,
     )
