@@ -108,6 +108,18 @@ class EventKind(StrEnum):
     JOB_RETRIED = "job-retried"
 
 
+DISPATCH_NUDGES = (
+    EventKind.JOB_RESUMED,
+    EventKind.JOB_PAUSED,
+    EventKind.JOB_CANCELLED,
+    EventKind.JOB_FAILED,
+    EventKind.JOB_DEAD_LETTERED,
+    EventKind.JOB_RETRIED,
+)
+"""The job events every dispatcher hears besides tile-done: each may make tiles releasable (a
+resume, a retry) or free room in a window (a pause, cancel, failure or dead letter)."""
+
+
 class ApiVerb(StrEnum):
     """The API verbs; the subject is ``tessera.api.<verb>``."""
 

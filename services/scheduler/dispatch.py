@@ -18,8 +18,9 @@ last publish).
 
 Rounds are brought by events, with a timer as the net for what no event announces (a worker
 joining, a lost nudge): a nudge ends any wait at once. Every new plan of this process's
-planner and every job-control event (:data:`CONTROL_EVENTS`: a resume makes tiles releasable
-again; a pause, cancel, failure or dead letter frees room; a retry) start one at once;
+planner and every job-control event (:data:`proto.names.DISPATCH_NUDGES`: a resume makes
+tiles releasable again; a pause, cancel, failure or dead letter frees room; a retry) start one
+at once;
 tile-done events (a plain core-NATS subscription to the EVENTS tile-done subjects: a hint that
 a worker has room, not a durable consumer) start one after ``refill`` of them (1 without a
 buffer; with one, half the buffer has been taken by then). The timer waits
@@ -54,7 +55,6 @@ from shared.service.runtime import Runtime
 
 __all__ = [
     "CAPACITY_REFRESH",
-    "CONTROL_EVENTS",
     "TILE_SECONDS_REFRESH",
     "TILE_SECONDS_WINDOW",
     "Dispatcher",
@@ -70,15 +70,6 @@ TILE_SECONDS_WINDOW = 10.0
 """Seconds of done attempts the mean tile duration is taken over."""
 BACKLOG_REFRESH = 5.0
 """Seconds between two counts of the unreleased tiles (a metric only)."""
-CONTROL_EVENTS = (
-    n.EventKind.JOB_RESUMED,
-    n.EventKind.JOB_PAUSED,
-    n.EventKind.JOB_CANCELLED,
-    n.EventKind.JOB_FAILED,
-    n.EventKind.JOB_DEAD_LETTERED,
-    n.EventKind.JOB_RETRIED,
-)
-"""Job events that may make tiles releasable or free room in a window: each nudges."""
 
 
 class Dispatcher:
@@ -121,7 +112,7 @@ class Dispatcher:
         sub = await self.rt.nc.subscribe(self.rt.names.tile_done_filter, cb=self._on_done)
         controls = [
             await self.rt.nc.subscribe(self.rt.names.event_filter(kind), cb=self._on_control)
-            for kind in CONTROL_EVENTS
+            for kind in n.DISPATCH_NUDGES
         ]
         loop = asyncio.get_running_loop()
         try:

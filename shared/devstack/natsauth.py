@@ -17,7 +17,8 @@ gateway        serve ``tessera.api.>`` in its queue group and reply (``allow_res
 scheduler      consume JOBS and ADVISORIES; publish TILES, DLQ copies, job-dead-lettered and
                job-failed (deadlines);
                read/delete messages of JOBS/TILES (exhausted deliveries, sweeper); read leases
-               and live workers; hear tile-done and job-resumed events (the dispatcher's nudges);
+               and live workers; hear tile-done and job-control events (resumed, paused,
+               cancelled, failed, dead-lettered, retried: the dispatcher's nudges);
                **create and update the topology** (the topology owner, see below)
 worker         consume TILES; read/write tile leases, progress pointers and its live-worker
                key (``worker.>``); publish tile-done,
@@ -227,8 +228,9 @@ def _service_subscriptions(nm: n.Names) -> dict[str, list[str]]:
             nm.event_filter(n.EventKind.JOB_FAILED),
             nm.event_filter(n.EventKind.JOB_DEAD_LETTERED),
         ],
-        # the dispatcher's nudges: a tile finished (a worker has room), a job resumed
-        "scheduler": [nm.tile_done_filter, nm.event_filter(n.EventKind.JOB_RESUMED)],
+        # the dispatcher's nudges: a tile finished (a worker has room), a job resumed, paused,
+        # cancelled, failed, dead-lettered or retried
+        "scheduler": [nm.tile_done_filter, *(nm.event_filter(k) for k in n.DISPATCH_NUDGES)],
         # the read-ahead: each tile-done event to one finalizer of the group
         "finalizer": [f"{nm.tile_done_filter} {nm.read_ahead_group}"],
     }

@@ -129,7 +129,7 @@ async def _requeue(conn: Conn, job_id: str, tile_index: int, who: Who) -> TileRe
     row = await conn.fetchrow(
         """
         UPDATE tiles SET state = $4, generation = generation + 1, last_error_code = NULL,
-            last_error = NULL, updated_at = now()
+            last_error = NULL, updated_at = now(), published_at = now()
         WHERE job_id = $1 AND tile_index = $2 AND state = $3
         RETURNING *
         """,

@@ -495,6 +495,9 @@ async def test_a_requeue_that_revives_the_job_hands_its_other_tiles_to_the_dispa
     # the requeued tile is published by the requeue itself: one generation on, still released
     assert after[0].state is TileState.QUEUED and after[0].generation == before[0].generation + 1
     assert after[0].published_at is not None
+    # stamped now: the sweeper counts the tile's age from the requeue's own publish, not from
+    # its release before it failed (else a worker slow to take it would see it re-published)
+    assert before[0].published_at is not None and after[0].published_at > before[0].published_at
     # its sibling failed with the job goes back too, and the idle one is unreleased under a new
     # generation (a message of it still in TILES is then superseded); done stays done
     assert after[1].state is TileState.QUEUED and after[1].last_error_code is None

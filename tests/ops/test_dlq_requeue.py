@@ -17,7 +17,7 @@ from shared.core.config import Settings
 from shared.metadata import MetadataStore
 from shared.objectstore import ObjectStore
 from tests.e2e.conftest import reference_png
-from tests.e2e.flows import request, result_bytes, settle, submit
+from tests.e2e.flows import request, result_bytes, settle, submit, workers_live
 from tests.harness import ServiceProcesses
 from tests.helpers import eventually
 from tests.ops.conftest import CliRunner, metric, start_with_port
@@ -83,6 +83,7 @@ async def _scenario(procs, client, db, objects, nc, settings, tessera) -> None:
 
     procs.procs["worker-1"].stop()
     procs.start("worker", name="worker-1")  # a healthy worker
+    await workers_live(js, names, {"worker-1"})  # consuming before the tile comes back
     real = await tessera("dlq", "requeue", "--job", job_id, "--rate", "5/s")
     assert real.status == 0, real.err
     assert "requeued 1" in real.out, real.out
