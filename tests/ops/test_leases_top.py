@@ -41,7 +41,10 @@ async def test_lost_lease_then_takeover_and_top_shows_the_tile(
         services.start(service)
     worker, port = start_with_port(services, "worker", name="worker-1")
     await wait_ready(port, worker)
-    body = request(width=16, height=16, spp=16000, tile_size=16)
+    # One tile long enough to be still in flight after the worker's presence names it (a refresh
+    # every 2 s), `top` runs and the lease is deleted: a 16x16 tile at 16000 spp finished in
+    # about 2 s on a fast day; this one takes about six times as long.
+    body = request(width=24, height=16, spp=65536, tile_size=24)
     job_id = (await submit(client, body))["job_id"]
 
     async def rendering() -> bool:
