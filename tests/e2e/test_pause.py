@@ -173,7 +173,9 @@ async def test_a_worker_killed_while_its_tile_pauses_loses_nothing(
     services.start_all(workers=0)
     one = services.start("worker", name="worker-1",
                          env={"TESSERA_CRASH_AT": point})  # fmt: skip
-    body = request(width=16, height=16, tile_size=16, spp=3000)  # one tile
+    # one tile, long enough to be mid-render when the pause lands (at 3000 spp it took about
+    # 0.4 s and could finish first, so worker-1 never reached its point)
+    body = request(width=16, height=16, tile_size=16, spp=30000)
     job_id = (await submit(client, body))["job_id"]
     await eventually(lambda: rendering(db, job_id), timeout=90, what="the tile in flight")
     await client.pause(job_id)
