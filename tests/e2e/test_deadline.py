@@ -20,9 +20,9 @@ async def test_a_job_past_its_deadline_fails_and_its_tiles_stop(
     # the gateway first (the deadline counts from the submit, not from the processes' start)
     await submit(client, request(width=8, height=8, tile_size=8, spp=1, seed=99))
     deadline = datetime.now(UTC) + timedelta(seconds=20)
-    # Two 64x64 tiles at the most samples a job may ask: minutes of kernel each on any machine
-    # this runs on (a 16x16 tile at 60000 spp took under 10 s here and finished before the
-    # deadline), so both are still rendering when the deadline passes.
+    # Two 64x64 tiles at the most samples a job may ask: about two minutes of kernel each here
+    # (a 16x16 tile at 60000 spp took under 10 s and finished before the deadline), so both are
+    # still rendering when the deadline passes.
     body = request(width=128, height=64, tile_size=64, spp=65536, deadline=deadline.isoformat())
     job_id = (await submit(client, body))["job_id"]
     await eventually(lambda: rendering(db, job_id), timeout=60, what="a tile in flight")

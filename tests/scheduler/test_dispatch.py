@@ -10,10 +10,11 @@ released is read back from PostgreSQL and TILES.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import asyncpg
@@ -256,6 +257,26 @@ class _Recording(Dispatcher):
         return tiles
 
 
+@contextlib.asynccontextmanager
+async def _running(
+    rt: Runtime, *, interval: float, idle: float, empty: int = 0
+) -> AsyncIterator[_Recording]:
+    """A recording dispatcher running rounds with these timer waits (its backoff at ``empty``),
+    stopped (and its last round awaited) on the way out."""
+    dispatcher = _Recording(rt)
+    dispatcher.config = dataclasses.replace(
+        dispatcher.config, dispatch_interval=interval, dispatch_idle_interval=idle
+    )
+    dispatcher._empty = empty
+    stop = asyncio.Event()
+    task = asyncio.create_task(dispatcher.run(stop))
+    try:
+        yield dispatcher
+    finally:
+        stop.set()
+        await task
+
+
 async def test_rounds_that_release_nothing_back_off_and_a_nudge_ends_the_wait(
     runtime: Runtime,
 ) -> None:
@@ -265,13 +286,7 @@ async def test_rounds_that_release_nothing_back_off_and_a_nudge_ends_the_wait(
     assert [idle_wait(0.25, 2.0, k) for k in range(6)] == [0.25, 0.5, 1.0, 2.0, 2.0, 2.0]
     assert idle_wait(0.25, 0.1, 3) == 0.25, "never below the interval"
     await _announce(runtime, ("w1", "tessera"))
-    dispatcher = _Recording(runtime)
-    dispatcher.config = dataclasses.replace(
-        dispatcher.config, dispatch_interval=0.05, dispatch_idle_interval=120.0
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(dispatcher.run(stop))
-    try:
+    async with _running(runtime, interval=0.05, idle=120.0) as dispatcher:
         await eventually(lambda: len(dispatcher.rounds) >= 3, what="three empty rounds")
         assert dispatcher.rounds[:3] == [(0, 0), (1, 0), (2, 0)]
         dispatcher._empty = 30  # as after a long idle spell: the next wait is the idle interval
@@ -285,9 +300,6 @@ async def test_rounds_that_release_nothing_back_off_and_a_nudge_ends_the_wait(
         assert await _released(runtime, job_id) == 4
         # (set before the dispatcher next awaits, so before this task runs again)
         assert dispatcher._empty == 31, "the window is full: only another event opens room"
-    finally:
-        stop.set()
-        await task
 
 
 def test_the_backoff_counts_empty_rounds_and_resets_on_what_the_timer_finds() -> None:
@@ -305,21 +317,12 @@ async def test_a_round_the_timer_starts_that_releases_tiles_brings_the_short_wai
     the next wait is the short interval, not the idle one."""
     await _announce(runtime, ("w1", "tessera"))
     job_id = await _job(runtime)
-    dispatcher = _Recording(runtime)
-    dispatcher.config = dataclasses.replace(
-        dispatcher.config, dispatch_interval=0.05, dispatch_idle_interval=120.0
-    )
-    dispatcher._empty = 30  # as after a long idle spell
-    stop = asyncio.Event()
-    task = asyncio.create_task(dispatcher.run(stop))
-    try:
+    # (empty=30: as after a long idle spell)
+    async with _running(runtime, interval=0.05, idle=120.0, empty=30) as dispatcher:
         # (the first round starts at once, with no nudge: as a timer round)
         await eventually(lambda: len(dispatcher.rounds) >= 2, timeout=30, what="two rounds")
         assert dispatcher.rounds[:2] == [(30, 4), (0, 0)], dispatcher.rounds
         assert await _released(runtime, job_id) == 4
-    finally:
-        stop.set()
-        await task
 
 
 def _rounds_past(dispatcher: _Recording, count: int) -> bool:
@@ -329,13 +332,7 @@ def _rounds_past(dispatcher: _Recording, count: int) -> bool:
 async def test_job_control_events_nudge_the_dispatcher(runtime: Runtime) -> None:
     """A resume, pause, cancel, failure, dead letter or retry of any job ends the wait at once
     (the timer here would wait 120 s)."""
-    dispatcher = _Recording(runtime)
-    dispatcher.config = dataclasses.replace(
-        dispatcher.config, dispatch_interval=120.0, dispatch_idle_interval=120.0
-    )
-    stop = asyncio.Event()
-    task = asyncio.create_task(dispatcher.run(stop))
-    try:
+    async with _running(runtime, interval=120.0, idle=120.0) as dispatcher:
         # the subscriptions are made before the first round, on the connection published on
         await eventually(lambda: dispatcher.rounds, what="the first round")
         kinds = ["job-resumed", "job-paused", "job-cancelled", "job-failed",
@@ -344,6 +341,3 @@ async def test_job_control_events_nudge_the_dispatcher(runtime: Runtime) -> None
             past = functools.partial(_rounds_past, dispatcher, len(dispatcher.rounds))
             await runtime.nc.publish(runtime.names.event_subject("j1", kind), b"{}")
             await eventually(past, what=f"a round on {kind}")
-    finally:
-        stop.set()
-        await task
