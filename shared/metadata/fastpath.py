@@ -67,60 +67,86 @@ _LEASE_MOVES = _moves(TileTrigger.LEASE)
 #: no generation bound (the transaction decides from the rows it read, the generation aside)
 ANY_GENERATION = 2**31 - 1
 
+# Both statements take their tiles as parallel arrays (``unnest``): one tile or a batch of them
+# (the store's group commit, :mod:`shared.metadata.coalesce`) is the same statement, each tile
+# guarded on its own row exactly as if it were alone. A batch never names a tile twice.
+#
 # ``cur`` is the row as the statement's snapshot has it; the update re-checks ``t.state =
 # cur.state`` on the row it locks, so a tile that moved meanwhile (READ COMMITTED re-reads a row
 # updated under it) matches nothing, and the audit row's from-state is the one it moved from.
 _LEASE = f"""
-WITH cur AS (
-    SELECT * FROM tiles WHERE job_id = $1 AND tile_index = $2
+WITH arg AS (
+    SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[], $4::text[], $5::text[],
+                         $6::int[], $7::int[])
+        AS a(job_id, tile_index, token, attempt_id, node, resumed_from, msg_generation)
+), cur AS (
+    SELECT a.token, a.attempt_id, a.node, a.resumed_from, a.msg_generation, t.*
+    FROM arg a JOIN tiles t ON t.job_id = a.job_id AND t.tile_index = a.tile_index
 ), moved AS (
-    UPDATE tiles t SET lease_fence = $3,
-        state = ($6::text[])[array_position($5::text[], cur.state)], samples_done = $7,
+    UPDATE tiles t SET lease_fence = cur.token,
+        state = ($9::text[])[array_position($8::text[], cur.state)],
+        samples_done = cur.resumed_from,
         attempt_count = t.attempt_count + 1, updated_at = now(),
         last_error_code = COALESCE($12::text, t.last_error_code),
         last_error = COALESCE($13::text, t.last_error)
     FROM cur, jobs j
-    WHERE t.job_id = $1 AND t.tile_index = $2 AND t.state = cur.state
-      AND cur.state = ANY($5::text[]) AND t.lease_fence < $3
-      AND t.attempt_count = $14 AND t.generation <= $15
-      AND j.job_id = t.job_id AND j.state = ANY($8::text[]) AND NOT j.cancel_requested
-    RETURNING cur.state AS from_state, t.state AS to_state
+    WHERE t.job_id = cur.job_id AND t.tile_index = cur.tile_index AND t.state = cur.state
+      AND cur.state = ANY($8::text[]) AND t.lease_fence < cur.token
+      AND t.attempt_count = $14 AND t.generation <= cur.msg_generation
+      AND j.job_id = t.job_id AND j.state = ANY($10::text[]) AND NOT j.cancel_requested
+    RETURNING t.job_id, t.tile_index, cur.token, cur.attempt_id, cur.node, cur.resumed_from,
+        cur.state AS from_state, t.state AS to_state
 ), started AS (
     INSERT INTO attempts (attempt_id, job_id, tile_index, kind, node, fence, resumed_from)
-    SELECT $4, $1, $2, 'tile', $9, $3, $7 FROM moved
+    SELECT attempt_id, job_id, tile_index, 'tile', node, token, resumed_from FROM moved
     ON CONFLICT (attempt_id) DO NOTHING
 ), audited AS (
     INSERT INTO job_events ({EVENT_COLUMNS})
-    SELECT $1, $2, $4, $9, 'tile', from_state, to_state, $10, $12, $13, $11 FROM moved
+    SELECT job_id, tile_index, attempt_id, node, 'tile', from_state, to_state, $11, $12, $13,
+        'fence ' || token FROM moved
 )
-SELECT (SELECT count(*) FROM moved) AS fenced, cur.* FROM cur
+SELECT EXISTS (SELECT 1 FROM moved m
+               WHERE m.job_id = cur.job_id AND m.tile_index = cur.tile_index) AS fenced, cur.*
+FROM cur
 """
 
+# The rows are locked in key order, so two batches never wait on each other in a cycle.
 _COMMIT = f"""
-WITH cur AS (
-    SELECT t.state FROM tiles t JOIN jobs j ON j.job_id = t.job_id
-    WHERE t.job_id = $1 AND t.tile_index = $2 AND t.lease_fence = $3
-      AND t.state = ANY($9::text[]) AND j.state = ANY($11::text[])
+WITH arg AS (
+    SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[], $4::text[], $5::text[],
+                         $6::text[], $7::int[], $8::bytea[], $9::text[])
+        AS a(job_id, tile_index, token, attempt_id, result_key, result_sha256, samples_done,
+             result_data, node)
+), cur AS (
+    SELECT a.*, t.state FROM arg a
+    JOIN tiles t ON t.job_id = a.job_id AND t.tile_index = a.tile_index
+    JOIN jobs j ON j.job_id = t.job_id
+    WHERE t.lease_fence = a.token AND t.state = ANY($10::text[]) AND j.state = ANY($12::text[])
+    ORDER BY t.job_id, t.tile_index
     FOR UPDATE OF t
 ), moved AS (
-    UPDATE tiles t SET state = ($10::text[])[array_position($9::text[], cur.state)],
-        result_key = $5, result_sha256 = $6, samples_done = $7,
+    UPDATE tiles t SET state = ($11::text[])[array_position($10::text[], cur.state)],
+        result_key = cur.result_key, result_sha256 = cur.result_sha256,
+        samples_done = cur.samples_done,
         last_error_code = NULL, last_error = NULL, updated_at = now()
     FROM cur
-    WHERE t.job_id = $1 AND t.tile_index = $2
-    RETURNING cur.state AS from_state, t.state AS to_state
+    WHERE t.job_id = cur.job_id AND t.tile_index = cur.tile_index
+    RETURNING t.job_id, t.tile_index, cur.attempt_id, cur.node, cur.result_sha256,
+        cur.result_data, cur.state AS from_state, t.state AS to_state
 ), ended AS (
-    UPDATE attempts SET ended_at = now(), outcome = 'done'
-    WHERE attempt_id = $4 AND ended_at IS NULL AND EXISTS (SELECT 1 FROM moved)
+    UPDATE attempts a SET ended_at = now(), outcome = 'done'
+    FROM moved m WHERE a.attempt_id = m.attempt_id AND a.ended_at IS NULL
 ), audited AS (
     INSERT INTO job_events ({EVENT_COLUMNS})
-    SELECT $1, $2, $4, $12, 'tile', from_state, to_state, $13, NULL, NULL, NULL FROM moved
+    SELECT job_id, tile_index, attempt_id, node, 'tile', from_state, to_state, $13, NULL, NULL,
+        NULL FROM moved
 ), stored AS (
     INSERT INTO tile_results (job_id, tile_index, sha256, data)
-    SELECT $1, $2, $6, $8::bytea FROM moved WHERE $8::bytea IS NOT NULL
+    SELECT job_id, tile_index, result_sha256, result_data FROM moved
+    WHERE result_data IS NOT NULL
     ON CONFLICT (job_id, tile_index) DO UPDATE SET sha256 = EXCLUDED.sha256, data = EXCLUDED.data
 )
-SELECT count(*) FROM moved
+SELECT job_id, tile_index FROM moved
 """
 
 
@@ -132,17 +158,32 @@ async def fence(conn: Conn, lease: TileFence, generation: int) -> FirstFence:
     is and not cancel-requested); else nothing is written. Either way the tile row as it was
     just before comes back (``None``: no such tile), for the caller to decide on.
     """
-    row = await _lease_row(conn, lease, _LEASE_MOVES, attempts=0, job_states=_STARTED_QUIET,
-                           generation=generation)  # fmt: skip
-    if row is None:
-        return FirstFence(False, None)
-    return FirstFence(bool(row["fenced"]), Tile.from_record(row))
+    return (await fence_many(conn, [(lease, generation)]))[0]
+
+
+async def fence_many(conn: Conn, calls: Sequence[tuple[TileFence, int]]) -> list[FirstFence]:
+    """:func:`fence` of each ``(lease, generation)`` in one statement, answers in call order.
+
+    Each tile is decided on its own row as if it were alone; no two calls may name one tile.
+    """
+    rows = await _lease_rows(conn, calls, _LEASE_MOVES, attempts=0, job_states=_STARTED_QUIET)
+    return [
+        FirstFence(False, None) if row is None else FirstFence(row["fenced"], Tile.from_record(row))
+        for row in rows
+    ]
 
 
 async def commit(conn: Conn, done: TileCommit) -> bool | None:
     """True if the statement alone committed the tile; None (nothing written): run the
     transaction."""
-    return True if await write_commit(conn, done, _COMMIT_MOVES, _PROGRESS_QUIET) else None
+    return (await commit_many(conn, [done]))[0]
+
+
+async def commit_many(conn: Conn, dones: Sequence[TileCommit]) -> list[bool | None]:
+    """:func:`commit` of each of ``dones`` in one statement, answers in call order (no two may
+    name one tile)."""
+    committed = await write_commits(conn, dones, _COMMIT_MOVES, _PROGRESS_QUIET)
+    return [True if (d.job_id, d.tile_index) in committed else None for d in dones]
 
 
 async def write_lease(
@@ -162,42 +203,45 @@ async def write_lease(
     the tile's last error. False: no row matched, nothing was written.
     """
     move = [(state, transition_tile(state, TileTrigger.LEASE))]
-    row = await _lease_row(
-        conn, lease, move, attempts=attempts, job_states=job_states, generation=ANY_GENERATION,
+    (row,) = await _lease_rows(
+        conn, [(lease, ANY_GENERATION)], move, attempts=attempts, job_states=job_states,
         error_code=error_code, error=error,
     )  # fmt: skip
     return row is not None and bool(row["fenced"])
 
 
-async def _lease_row(
+async def _lease_rows(
     conn: Conn,
-    lease: TileFence,
+    calls: Sequence[tuple[TileFence, int]],
     moves: Sequence[tuple[TileState, TileState]],
     *,
     attempts: int,
     job_states: Sequence[JobState],
-    generation: int,
     error_code: str | None = None,
     error: str | None = None,
-) -> Record | None:
-    return await conn.fetchrow(
+) -> list[Record | None]:
+    """The statement's row of each call's tile (``fenced`` and the row as it was before), in
+    call order; ``None`` for a tile that does not exist."""
+    leases = [lease for lease, _ in calls]
+    rows = await conn.fetch(
         _LEASE,
-        lease.job_id,
-        lease.tile_index,
-        lease.token,
-        lease.attempt_id,
+        [lease.job_id for lease in leases],
+        [lease.tile_index for lease in leases],
+        [lease.token for lease in leases],
+        [lease.attempt_id for lease in leases],
+        [lease.node for lease in leases],
+        [lease.resumed_from for lease in leases],
+        [generation for _, generation in calls],
         [a.value for a, _ in moves],
         [b.value for _, b in moves],
-        lease.resumed_from,
         [s.value for s in job_states],
-        lease.node,
         TileTrigger.LEASE.value,
-        f"fence {lease.token}",
         error_code,
         error,
         attempts,
-        generation,
     )
+    by_tile = {(row["job_id"], row["tile_index"]): row for row in rows}
+    return [by_tile.get((lease.job_id, lease.tile_index)) for lease in leases]
 
 
 async def write_commit(
@@ -209,20 +253,31 @@ async def write_commit(
     """COMMIT the tile by one of ``moves`` (``(from, to)``) under ``done.token``, its job in one
     of ``job_states``: the result columns, the attempt closed as done, the audit row and an
     inline result. False: no row matched, nothing was written."""
-    moved = await conn.fetchval(
+    return bool(await write_commits(conn, [done], moves, job_states))
+
+
+async def write_commits(
+    conn: Conn,
+    dones: Sequence[TileCommit],
+    moves: Sequence[tuple[TileState, TileState]],
+    job_states: Sequence[JobState],
+) -> set[tuple[str, int]]:
+    """:func:`write_commit` of each of ``dones`` in one statement; ``(job_id, tile_index)`` of
+    the tiles it committed."""
+    rows = await conn.fetch(
         _COMMIT,
-        done.job_id,
-        done.tile_index,
-        done.token,
-        done.attempt_id,
-        done.result_key,
-        done.result_sha256,
-        done.samples_done,
-        done.result_data,
+        [d.job_id for d in dones],
+        [d.tile_index for d in dones],
+        [d.token for d in dones],
+        [d.attempt_id for d in dones],
+        [d.result_key for d in dones],
+        [d.result_sha256 for d in dones],
+        [d.samples_done for d in dones],
+        [d.result_data for d in dones],
+        [d.node for d in dones],
         [a.value for a, _ in moves],
         [b.value for _, b in moves],
         [s.value for s in job_states],
-        done.node,
         TileTrigger.COMMIT.value,
     )
-    return bool(moved)
+    return {(row["job_id"], row["tile_index"]) for row in rows}

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 import asyncpg
 from asyncpg import Record
 
+from shared.core.errors import NotFoundError
 from shared.core.lifecycle import JobState, JobTrigger, TileState, TileTrigger, tile_legal_events
 from shared.metadata import (
     audit,
@@ -21,6 +22,7 @@ from shared.metadata import (
 )
 from shared.metadata.audit import Conn, Who
 from shared.metadata.base import StoreBase
+from shared.metadata.coalesce import Coalescer
 from shared.metadata.console import ConsoleStore
 from shared.metadata.models import (
     Attempt,
@@ -42,6 +44,8 @@ from shared.metadata.models import (
 from shared.metadata.ops import OpsStore
 
 _WORKING = (TileState.LEASED, TileState.PROGRESSING)
+#: calls one group-commit statement carries at most (:class:`Coalescer`)
+GROUP_LIMIT = 64
 #: tiles an operator retry sends back to the queue (derived from the tile machine)
 REQUEUE_ON_RETRY = tiles.REQUEUE_ON_RETRY
 #: tiles a cancel stops at once; ``leased``/``progressing`` ones are stopped by their owners
@@ -66,6 +70,11 @@ class MetadataStore(StoreBase):
         super().__init__(pool, acquire_timeout=acquire_timeout)
         self.ops = OpsStore(self)
         self.console = ConsoleStore(self)
+        # Group commit of the owner's hot path (one statement for the calls of a worker's
+        # tiles that arrive together: docs/architecture.md, "Worker flow").
+        self._fences = Coalescer(self._fence_batch, limit=GROUP_LIMIT, key=_tile_key)
+        self._commits = Coalescer(self._commit_batch, limit=GROUP_LIMIT, key=_commit_key)
+        self._completions = Coalescer(self._completed_by_batch, limit=GROUP_LIMIT)
 
     # ---- jobs -----------------------------------------------------------------------------
 
@@ -338,10 +347,16 @@ class MetadataStore(StoreBase):
         TILE_STARTED move, a resume) goes on to :meth:`fence_tile`.
         """
         lease = TileFence(job_id, tile_index, token, attempt_id, node)
-        first = await self._statement("fence_first", lambda c: fastpath.fence(c, lease, generation))
+        first = await self._fences.call((lease, generation))
         if first is None:  # lost a deadlock or serialization race: nothing written
             return FirstFence(False, await self.get_tile(job_id, tile_index))
         return first
+
+    async def _fence_batch(
+        self, calls: Sequence[tuple[TileFence, int]]
+    ) -> Sequence[FirstFence | None]:
+        fenced = await self._statement("fence_first", lambda c: fastpath.fence_many(c, calls))
+        return [None] * len(calls) if fenced is None else fenced
 
     async def fence_tile(
         self,
@@ -389,9 +404,13 @@ class MetadataStore(StoreBase):
         attempt's ``fenced`` outcome is written. The common case takes one statement
         (:mod:`.fastpath`); the transaction (:func:`.fencing.commit`) takes the rest.
         """
-        if await self._statement("commit_tile", lambda c: fastpath.commit(c, done)):
+        if await self._commits.call(done):
             return CommitOutcome.COMMITTED
         return await self._tx("commit_tile", lambda c: fencing.commit(c, done))
+
+    async def _commit_batch(self, dones: Sequence[TileCommit]) -> Sequence[bool | None]:
+        committed = await self._statement("commit_tile", lambda c: fastpath.commit_many(c, dones))
+        return [None] * len(dones) if committed is None else committed
 
     async def result_lost(
         self,
@@ -490,7 +509,15 @@ class MetadataStore(StoreBase):
     async def completed_by(self, job_id: str) -> int | None:
         """None until the job is planned and every tile is done; then the newest lease fence
         among its tiles (:func:`shared.metadata.tiles.completed_by`)."""
-        return await self._read("completed_by", lambda c: tiles.completed_by(c, job_id))
+        answer = await self._completions.call(job_id)
+        if isinstance(answer, NotFoundError):
+            raise answer
+        return answer
+
+    async def _completed_by_batch(
+        self, job_ids: Sequence[str]
+    ) -> Sequence[int | NotFoundError | None]:
+        return await self._read("completed_by", lambda c: tiles.completed_by_many(c, job_ids))
 
     async def stale_tiles(
         self, *, older_than: float, limit: int = 100, after: tiles.StaleKey | None = None
@@ -541,3 +568,11 @@ class MetadataStore(StoreBase):
     async def attempts(self, job_id: str) -> list[Attempt]:
         """The job's attempts in start order."""
         return await self._read("attempts", lambda c: audit.attempts_of(c, job_id))
+
+
+def _tile_key(call: tuple[TileFence, int]) -> tuple[str, int]:
+    return call[0].job_id, call[0].tile_index
+
+
+def _commit_key(done: TileCommit) -> tuple[str, int]:
+    return done.job_id, done.tile_index

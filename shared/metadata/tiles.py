@@ -306,10 +306,11 @@ async def all_done(conn: Conn, job_id: str) -> bool:
 
 
 _COMPLETED_BY = f"""
-SELECT CASE WHEN j.tiles_total > 0 AND NOT EXISTS
+SELECT j.job_id,
+       CASE WHEN j.tiles_total > 0 AND NOT EXISTS
          (SELECT 1 FROM tiles t WHERE t.job_id = j.job_id AND t.state <> '{TileState.DONE.value}')
        THEN (SELECT max(t.lease_fence) FROM tiles t WHERE t.job_id = j.job_id) END AS completion
-FROM jobs j WHERE j.job_id = $1
+FROM jobs j WHERE j.job_id = ANY($1::text[])
 """
 
 
@@ -321,11 +322,27 @@ async def completed_by(conn: Conn, job_id: str) -> int | None:
     The worker asks after each commit it announces: the commit that completes a job is seen by
     the question asked after it, so the last of several concurrent commits always sees all.
     """
-    row = await conn.fetchrow(_COMPLETED_BY, job_id)
-    if row is None:
-        raise NotFoundError(f"job {job_id} does not exist")
-    value = row["completion"]
-    return None if value is None else int(value)
+    (answer,) = await completed_by_many(conn, [job_id])
+    if isinstance(answer, NotFoundError):
+        raise answer
+    return answer
+
+
+async def completed_by_many(conn: Conn, job_ids: Sequence[str]) -> list[int | NotFoundError | None]:
+    """:func:`completed_by` of each job in one statement, in order (a job may be named more
+    than once: the answer is the same); a :class:`NotFoundError` for a job that does not exist.
+
+    One snapshot for all, taken when the statement runs: after every commit whose worker asked
+    before it was sent, which is all the question needs.
+    """
+    rows = await conn.fetch(_COMPLETED_BY, list(set(job_ids)))
+    found = {row["job_id"]: row["completion"] for row in rows}
+    return [
+        (None if found[j] is None else int(found[j]))
+        if j in found
+        else NotFoundError(f"job {j} does not exist")
+        for j in job_ids
+    ]
 
 
 #: job states that move to ``finalizing`` once every tile is done, with nothing else pending
