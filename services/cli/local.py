@@ -38,7 +38,9 @@ WEB_PORT = 8470
 #: a service's exit codes that restarting cannot fix (see shared.service.runtime.service_main); the
 #: servers' exit codes mean other things, so a server that exits 2 is restarted as usual
 SERVICE_FINAL_EXITS: Mapping[int, str] = {2: "configuration error"}
-_REPO = Path(__file__).resolve().parent.parent
+#: the checkout (or install) root the services are started in, so `-m services.<name>` runs
+#: this tree's code even where another checkout is the one installed in the environment
+_REPO = Path(__file__).resolve().parent.parent.parent
 
 
 class ServiceProcesses:
