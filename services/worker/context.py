@@ -35,7 +35,7 @@ from shared.metadata import (
     Tile,
     TileCommit,
 )
-from shared.nats.jetstream import publish
+from shared.nats.jetstream import publish_unconfirmed
 from shared.nats.leases import Lease, LeaseOwner, ProgressPointer
 from shared.objectstore import ObjectStore
 from shared.service.announce import announce_completion, fail_job
@@ -289,14 +289,17 @@ class NatsTileEvents:
         self.rt, self.log = rt, log
 
     async def tile_done(self, done: TileDone, fence: int) -> None:
-        """Publish ``done`` under ``done:<job>:<i>:<fence>`` (a repeat is absorbed)."""
-        ack = await publish(
-            self.rt.js,
+        """Publish ``done`` under ``done:<job>:<i>:<fence>`` (a repeat is absorbed), without
+        waiting for the server's confirmation: a tile-done event is a progress notification
+        (the console, the dispatcher's nudge, the finalizer's read-ahead) that nothing
+        depends on receiving; the job's completion is the confirmed tiles-done event
+        (docs/architecture.md, "Worker flow" step 7)."""
+        await publish_unconfirmed(
+            self.rt.nc,
             self.rt.names.event_subject(done.job_id, n.EventKind.TILE_DONE),
             done,
             msg_id=n.done_msg_id(done.job_id, done.tile_index, fence),
         )
-        self.rt.metrics.published(ack)
 
     async def tiles_done(self, done: TilesDone) -> None:
         """:func:`~shared.service.announce.announce_completion` (a repeat is absorbed)."""

@@ -6,13 +6,23 @@ import asyncio
 import contextlib
 import functools
 import itertools
+import time
 from concurrent.futures import ThreadPoolExecutor
+from weakref import WeakKeyDictionary
 
 import kernel.render  # numba loads when the worker starts, not on its first tile
 from kernel.rect import Rect
 from shared.core.tiles import Accumulator
 
-__all__ = ["KernelThreads"]
+__all__ = ["INLINE_SECONDS", "INLINE_WORK", "KernelThreads"]
+
+INLINE_SECONDS = 0.0005
+"""A pass predicted (from the scene's last measured pass) to take less than this runs on the
+event loop's own thread: handing it to a kernel thread — a queue, a wake-up, a future and a
+callback back to the loop — costs the loop more than the pass itself (an 8x8 tile at 1 spp
+renders in about 0.2 ms)."""
+INLINE_WORK = 64 * 64
+"""...and covers at most this many pixel-samples, so a misjudged rate blocks the loop little."""
 
 
 class KernelThreads:
@@ -23,6 +33,10 @@ class KernelThreads:
         self.executor = ThreadPoolExecutor(slots, thread_name_prefix="kernel")
         #: kernel calls submitted and not finished
         self.running = 0
+        #: passes rendered on the loop's thread (:data:`INLINE_SECONDS`)
+        self.inline_passes = 0
+        #: seconds per pixel-sample of each scene's last measured pass
+        self._rates: WeakKeyDictionary[kernel.Prepared, float] = WeakKeyDictionary()
 
     async def render(
         self, prepared: kernel.Prepared, rect: Rect, start: int, end: int, acc: Accumulator
@@ -33,8 +47,14 @@ class KernelThreads:
         threads are idle (the queue ran dry and fewer passes than threads are left, as at the
         end of a job) the pass is split into horizontal bands, one per idle thread, so the last
         tiles do not leave cores waiting. The kernel works pixel by pixel, so the accumulator
-        holds the same bits either way.
+        holds the same bits either way. A tiny pass runs inline (:data:`INLINE_SECONDS`).
         """
+        work = (rect.x1 - rect.x0) * (rect.y1 - rect.y0) * (end - start)
+        rate = self._rates.get(prepared)
+        if rate is not None and work <= INLINE_WORK and rate * work <= INLINE_SECONDS:
+            self._rates[prepared] = _timed(prepared, rect, start, end, acc) / work
+            self.inline_passes += 1
+            return
         loop = asyncio.get_running_loop()
         rows = rect.y1 - rect.y0
         bands = max(1, min(self.slots - self.running, rows))
@@ -42,15 +62,14 @@ class KernelThreads:
         calls = []
         for top, bottom in itertools.pairwise(cuts):
             band = Rect(rect.x0, rect.y0 + top, rect.x1, rect.y0 + bottom)
-            work = self.executor.submit(
-                kernel.render_tile, prepared, band, start, end, acc[top:bottom]
-            )
+            call = self.executor.submit(_timed, prepared, band, start, end, acc[top:bottom])
             self.running += 1
             # Counted down when the thread is done, not when an awaiting task gives up on it
             # (a watchdog timeout leaves the call running).
-            work.add_done_callback(functools.partial(self._finished_on, loop))
-            calls.append(asyncio.wrap_future(work, loop=loop))
-        await asyncio.gather(*calls)
+            call.add_done_callback(functools.partial(self._finished_on, loop))
+            calls.append(asyncio.wrap_future(call, loop=loop))
+        seconds = await asyncio.gather(*calls)
+        self._rates[prepared] = seconds[-1] * len(calls) / work
 
     def _finished_on(self, loop: asyncio.AbstractEventLoop, _work: object) -> None:
         # On the kernel thread: hand the count to the loop (gone already at shutdown).
@@ -59,3 +78,10 @@ class KernelThreads:
 
     def _finished(self) -> None:
         self.running -= 1
+
+
+def _timed(prepared: kernel.Prepared, rect: Rect, start: int, end: int, acc: Accumulator) -> float:
+    """:func:`kernel.render_tile`, and the seconds it took."""
+    began = time.perf_counter()
+    kernel.render_tile(prepared, rect, start, end, acc)
+    return time.perf_counter() - began

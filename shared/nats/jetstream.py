@@ -52,6 +52,7 @@ __all__ = [
     "ack_sync_retry",
     "connect_nats",
     "publish",
+    "publish_unconfirmed",
     "redact_url",
     "retry_transient",
     "subjects_with_messages",
@@ -142,6 +143,23 @@ async def retry_transient(
         tries += 1
         log.debug("%s: retrying after %r", what, last)
         await asyncio.sleep(pause)
+
+
+async def publish_unconfirmed(nc: Client, subject: str, payload: Message, *, msg_id: str) -> None:
+    """Publish ``payload`` to a stream's subject (with its headers and ``Nats-Msg-Id``, so the
+    stream stores it and absorbs a repeat) without waiting for the server's confirmation.
+
+    Only for a notification nothing depends on receiving: the message is handed to the
+    connection's buffer (kept across a reconnect, flushed in order with what the connection
+    sends after it), and lost only with the connection or the server. Raises
+    :class:`StoreUnavailable` when the connection is closed.
+    """
+    headers = dict(payload.headers())
+    headers[api.Header.MSG_ID] = msg_id
+    try:
+        await nc.publish(subject, payload.encode(), headers=headers)
+    except GONE as exc:
+        raise StoreUnavailable(f"publish to {subject}: the NATS connection is closed") from exc
 
 
 async def publish(

@@ -14,13 +14,13 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from proto import names as n
-from proto.messages import TileMessage
+from proto.messages import TileDone, TileMessage, TilesDone
 from proto.topology import Topology
 from shared.core.errors import LeaseLost, StoreUnavailable
 from shared.devstack.procs import free_port
 from shared.devstack.stack import NatsServer, Stack
 from shared.nats.ensure import ensure_topology
-from shared.nats.jetstream import ack_sync_retry, connect_nats, publish
+from shared.nats.jetstream import ack_sync_retry, connect_nats, publish, publish_unconfirmed
 from shared.nats.leases import Lease, LeaseOwner, Leases
 from tests.helpers import eventually
 from tests.stores.support import nats_settings
@@ -149,3 +149,28 @@ async def test_a_message_is_published_with_its_headers_and_msg_id(
     }
     again = await publish(js, topology.names.tile_subject("job1", 3), tile, msg_id=msg_id)
     assert again.duplicate  # the headers do not change what de-duplication sees
+
+
+async def test_an_unconfirmed_publish_is_stored_once_under_its_msg_id(
+    nc: NATS, js: JetStreamContext, topology: Topology
+):
+    done = TileDone("job1", 3, "att1", "", "hash1")
+    names = topology.names
+    subject = names.event_subject("job1", n.EventKind.TILE_DONE)
+    msg_id = n.done_msg_id("job1", 3, 7)
+    for _ in range(2):
+        await publish_unconfirmed(nc, subject, done, msg_id=msg_id)
+    # a confirmed publish after them on the same connection: the stream has taken both before
+    marker = await publish(js, names.event_subject("job1", n.EventKind.TILES_DONE),
+                           TilesDone("job1", 7), msg_id="marker")  # fmt: skip
+    stream = names.stream(n.STREAM_EVENTS)
+    info = await js.stream_info(stream, subjects_filter=subject)
+    assert info.state.subjects == {subject: 1}, "the repeat was absorbed by its Nats-Msg-Id"
+    stored = await js.get_last_msg(stream, subject)
+    assert stored.seq is not None and stored.seq < marker.seq
+    assert TileDone.decode(stored.data or b"") == done
+    assert stored.headers is not None and stored.headers["Nats-Msg-Id"] == msg_id
+    assert stored.headers["Tessera-Kind"] == n.EventKind.TILE_DONE.value
+    await nc.close()
+    with pytest.raises(StoreUnavailable, match="closed"):
+        await publish_unconfirmed(nc, subject, done, msg_id=msg_id)

@@ -61,3 +61,25 @@ def test_pass_size_grows_to_the_target_duration_within_bounds() -> None:
     assert pass_size(4, 5.0, tuning) == 4, "never below samples_per_pass"
     assert pass_size(4, 0.0, tuning) == 64
     assert pass_size(8, 0.1, WorkerSettings(samples_per_pass=4, pass_seconds=0)) == 4, "0 disables"
+
+
+async def test_a_tiny_pass_runs_inline_once_its_scene_is_measured_with_the_same_bits(
+    prepared: kernel.Prepared,
+) -> None:
+    rect = kernel.Rect(0, 0, 8, 8)
+    alone = zeros_for(rect)
+    kernel.render_tile(prepared, rect, 0, 1, alone)
+    threads = KernelThreads(2)
+    try:
+        first, second = zeros_for(rect), zeros_for(rect)
+        await threads.render(prepared, rect, 0, 1, first)  # not yet measured: on the threads
+        assert threads.inline_passes == 0
+        await threads.render(prepared, rect, 0, 1, second)  # 64 paths: well under 0.5 ms
+        assert threads.inline_passes == 1
+        big = kernel.Rect(0, 0, 48, 40)  # more than INLINE_WORK pixel-samples: never inline
+        await threads.render(prepared, big, 0, 4, zeros_for(big))
+        assert threads.inline_passes == 1
+    finally:
+        threads.executor.shutdown()
+    np.testing.assert_array_equal(first, alone)
+    np.testing.assert_array_equal(second, alone)
