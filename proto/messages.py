@@ -64,6 +64,18 @@ _TOKEN_FIELDS = frozenset({"job_id", "attempt_id", "unit", "source_stream"})
 _TEXT_FIELDS = frozenset({"detail", "error"})
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    """The field names of dataclass ``cls``, looked up once."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        fields = dataclasses.fields(cls)
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields)
+    return names
+
+
 class Message:
     """Base of every internal message: ``encode()`` and a strict ``decode()``."""
 
@@ -75,10 +87,12 @@ class Message:
 
     def encode(self) -> bytes:
         """msgpack bytes of this message, ``v`` first."""
-        body = {"v": self.VERSION, **dataclasses.asdict(self)}  # type: ignore[call-overload]
-        for name, value in body.items():
-            if isinstance(value, EventKind):
-                body[name] = value.value
+        # Every field is a scalar (str, int, bytes, an EventKind): a shallow map is the whole
+        # message (``dataclasses.asdict`` would deep-copy each field, once per tile).
+        body: dict[str, Any] = {"v": self.VERSION}
+        for name in _field_names(type(self)):
+            value = getattr(self, name)
+            body[name] = value.value if isinstance(value, EventKind) else value
         packed: bytes = msgpack.packb(body, use_bin_type=True)
         return packed
 

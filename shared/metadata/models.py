@@ -311,5 +311,17 @@ _D = TypeVar("_D")
 
 
 def _build(cls: type[_D], row: Record, **override: Any) -> _D:
-    values = {f.name: row[f.name] for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    values = {name: row[name] for name in _field_names(cls)}
     return cls(**(values | override))
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    """The field names of dataclass ``cls``, looked up once."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        fields = dataclasses.fields(cls)
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields)
+    return names

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import msgpack
@@ -67,6 +68,10 @@ def test_round_trip(schema: type[Message], data: st.DataObject) -> None:
     encoded = message.encode()
     assert schema.decode(encoded) == message
     assert msgpack.unpackb(encoded)["v"] == schema.VERSION
+    # the wire bytes: "v" first, then every field in declaration order, enums by value
+    fields = {k: v.value if isinstance(v, EventKind) else v
+              for k, v in dataclasses.asdict(message).items()}  # fmt: skip
+    assert encoded == msgpack.packb({"v": schema.VERSION, **fields}, use_bin_type=True)
 
 
 @pytest.mark.parametrize("schema", SCHEMAS)
