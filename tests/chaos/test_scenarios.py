@@ -4,6 +4,7 @@ scene the kernel cannot render. Every one ends with the shared invariant checker
 from __future__ import annotations
 
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -223,3 +224,40 @@ async def test_a_worker_killed_holding_a_late_copys_lease_settles_the_copy_after
         # settled by its tile row; the restarted worker reads the job afresh: completed
         assert rig.count_logged("tile already done") == 1
         assert rig.count_logged("job is final; dropping") >= 1, "the redelivery was dropped"
+
+
+async def test_a_worker_killed_right_after_a_group_commit_loses_nothing(
+    chaos_env: dict[str, str], tmp_path: Path
+) -> None:
+    """64 tiny tiles, 32 in hand: their commits share statements (group commit). The worker is
+    SIGKILLed as the 8th commit returns, so tiles of that statement are committed but never
+    announced or acked; their redeliveries find them done. Each tile commits exactly once and
+    the image is the reference."""
+    started = time.monotonic()
+    point = "worker.after_commit"
+    body = tiny(width=64, height=64, tile_size=8, spp=1)
+    armed = {"TESSERA_CRASH_AT": f"{point}:8"}
+    env = chaos_env | {"TESSERA_WORKER_IN_HAND": "32"}
+    async with open_rig(env, tmp_path / "logs", start=False) as rig:
+        for name in ("gateway", "scheduler", "finalizer"):
+            rig.procs.start(name)
+        rig.procs.start("worker", name="worker-1", env=armed)
+        rig.supervisor.start()
+        job_id = await rig.submit(body)
+        await rig.settle(job_id)
+        await eventually(
+            lambda: ("worker-1", -9) in rig.supervisor.exit_codes,
+            timeout=10,
+            what="worker-1 died at the point and was restarted",
+            detail=rig.procs.logs,
+        )
+        assert rig.crash_points_hit() == {point: 1}, rig.procs.logs()
+        report = await check_job(rig, job_id, body)
+        record(summary_row("kill after a group commit", [report], rig, time.monotonic() - started))
+        report.assert_ok()
+        commits = [e for e in await rig.db.job_events(job_id) if e.to_state == "done"]
+        tiles = sorted(e.tile_index for e in commits if e.tile_index is not None)
+        assert tiles == list(range(64)) and len(commits) == 64, "one commit per tile"
+        # rows of one statement share its transaction's clock
+        per_statement = Counter(e.at for e in commits)
+        assert max(per_statement.values()) >= 2, "commits went together in one statement"
