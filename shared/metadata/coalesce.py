@@ -45,7 +45,7 @@ class Coalescer(Generic[A, R]):
         self._key = key
         self._waiting: list[tuple[A, asyncio.Future[R]]] = []
         self._sender: asyncio.Task[None] | None = None
-        #: batches sent and calls they carried (for tests and the benchmark's counters)
+        #: batches sent and calls they carried
         self.batches = 0
         self.calls = 0
 
@@ -69,6 +69,11 @@ class Coalescer(Generic[A, R]):
                 batch = self._next_batch()
                 if batch:
                     await self._run(batch)
+        except asyncio.CancelledError:  # (the loop is going away): nobody is left waiting
+            for _, future in self._waiting:
+                future.cancel()
+            self._waiting = []
+            raise
         finally:
             self._sender = None
 

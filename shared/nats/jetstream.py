@@ -152,7 +152,8 @@ async def publish_unconfirmed(nc: Client, subject: str, payload: Message, *, msg
     Only for a notification nothing depends on receiving: the message is handed to the
     connection's buffer (kept across a reconnect, flushed in order with what the connection
     sends after it), and lost only with the connection or the server. Raises
-    :class:`StoreUnavailable` when the connection is closed.
+    :class:`StoreUnavailable` when the connection is closed, or cannot take the message now
+    (disconnected long enough to fill its buffer).
     """
     headers = dict(payload.headers())
     headers[api.Header.MSG_ID] = msg_id
@@ -160,6 +161,8 @@ async def publish_unconfirmed(nc: Client, subject: str, payload: Message, *, msg
         await nc.publish(subject, payload.encode(), headers=headers)
     except GONE as exc:
         raise StoreUnavailable(f"publish to {subject}: the NATS connection is closed") from exc
+    except TRANSIENT as exc:
+        raise StoreUnavailable(f"publish to {subject}: {exc!r}") from exc
 
 
 async def publish(

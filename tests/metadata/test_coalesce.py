@@ -150,3 +150,18 @@ def test_the_limit_is_at_least_one() -> None:
 
     with pytest.raises(ValueError, match="at least 1"):
         Coalescer(batch, limit=0)
+
+
+async def test_when_the_sender_is_cancelled_no_call_is_left_waiting() -> None:
+    gate = Gate()
+    coalescer = Coalescer(gate, limit=8)
+    first = await _hold_first_batch(gate, coalescer)
+    later = asyncio.create_task(coalescer.call(1))
+    await _until_waiting(coalescer, 1)
+    sender = coalescer._sender
+    assert sender is not None
+    sender.cancel()  # as at the loop's shutdown
+    for task in (first, later):
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, BOUND)
+    assert coalescer.waiting == 0 and coalescer._sender is None
