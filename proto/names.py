@@ -214,6 +214,13 @@ def new_job_id() -> str:
     return str(uuid.UUID(int=value))
 
 
+def new_attempt_id() -> str:
+    """A fresh attempt id: :func:`new_job_id`'s UUIDv7 as 32 hex digits (the shape of
+    ``uuid4().hex``). Time-ordered, so the attempts table's primary key grows at its end
+    instead of at a random leaf for every tile."""
+    return new_job_id().replace("-", "")
+
+
 def dlq_unit_tile(tile_index: int) -> str:
     """The DLQ unit token for one tile: ``tile-<i>``."""
     return f"tile-{check_index(tile_index, 'tile_index')}"

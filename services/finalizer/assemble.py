@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -179,7 +178,7 @@ class Finalizer:
         if job is None or job.state in _SETTLED:
             self._take_held(job_id)
             return True
-        attempt_id = uuid.uuid4().hex
+        attempt_id = n.new_attempt_id()
         owner = LeaseOwner(node=self.rt.node, attempt_id=attempt_id)
         lease = await self.rt.leases.acquire(n.lease_key_final(job_id), owner)
         if lease is None:

@@ -28,7 +28,6 @@ import asyncio
 import contextlib
 import hashlib
 import time
-import uuid
 from dataclasses import replace
 
 from proto import names as n
@@ -76,7 +75,7 @@ class TileRun:
     def __init__(self, ctx: TileContext, delivery: Delivery) -> None:
         self.ctx = ctx
         self.delivery = delivery
-        self.attempt_id = uuid.uuid4().hex
+        self.attempt_id = n.new_attempt_id()
         self.log = ctx.log.bind(attempt_id=self.attempt_id)
         self.token: int | None = None  # our fencing token once the tile row is fenced
         self.started = time.monotonic()  # reset when the tile row is fenced

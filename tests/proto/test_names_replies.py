@@ -33,6 +33,16 @@ def test_job_ids_are_time_ordered_uuid7_tokens() -> None:
         assert uuid.UUID(job_id).version == 7 and n.TOKEN_RE.fullmatch(job_id)
 
 
+def test_attempt_ids_are_time_ordered_32_hex_digit_tokens() -> None:
+    # the shape of uuid4().hex, which attempt ids had; ordered so the attempts table's primary
+    # key grows at its end
+    ids = [n.new_attempt_id() for _ in range(50)]
+    assert all(len(i) == 32 and int(i, 16) >= 0 and n.check_token(i, "attempt") for i in ids)
+    assert len(set(ids)) == 50
+    assert [i[:12] for i in ids] == sorted(i[:12] for i in ids), "millisecond prefix ordered"
+    assert uuid.UUID(ids[0]).version == 7
+
+
 def test_subjects_keys_and_ids() -> None:
     nm, job = n.Names(), "0190abcd-0000-7000-8000-000000000001"
     assert nm.tile_subject(job, 7) == f"tessera.tiles.tessera.{job}.7"
