@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import kernel
-from services.worker.kernels import KernelThreads
+from services.worker.kernels import INLINE_SECONDS, INLINE_WORK, KernelThreads
 from services.worker.tile import pass_size
 from shared.core.config import WorkerSettings
 from shared.core.tiles import zeros_for
@@ -74,9 +74,15 @@ async def test_a_tiny_pass_runs_inline_once_its_scene_is_measured_with_the_same_
         first, second = zeros_for(rect), zeros_for(rect)
         await threads.render(prepared, rect, 0, 1, first)  # not yet measured: on the threads
         assert threads.inline_passes == 0
-        await threads.render(prepared, rect, 0, 1, second)  # 64 paths: well under 0.5 ms
+        measured = threads._rates.get(prepared)
+        assert measured is not None and measured > 0, "the pass measured its scene"
+        # 64 paths take about 0.2 ms; set the rate so a loaded machine's slow first pass
+        # (a preempted thread) cannot make the decision flaky
+        threads._rates[prepared] = INLINE_SECONDS / INLINE_WORK
+        await threads.render(prepared, rect, 0, 1, second)
         assert threads.inline_passes == 1
         big = kernel.Rect(0, 0, 48, 40)  # more than INLINE_WORK pixel-samples: never inline
+        threads._rates[prepared] = INLINE_SECONDS / INLINE_WORK
         await threads.render(prepared, big, 0, 4, zeros_for(big))
         assert threads.inline_passes == 1
     finally:
