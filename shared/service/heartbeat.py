@@ -40,13 +40,19 @@ class Heartbeat:
         self.lost = asyncio.Event()
         self.renewals = 0
         self.last_renewed = time.monotonic()
+        self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
 
     def start(self) -> Heartbeat:
-        """Begin beating."""
-        self._task = asyncio.create_task(self._beat())
+        """Begin beating: the first renew is due after ``interval``, and the beating task starts
+        only then (a short tile that ends sooner, as most do, never needs one)."""
+        self._timer = asyncio.get_running_loop().call_later(self.interval, self._launch)
         return self
+
+    def _launch(self) -> None:
+        if not self._stopping:
+            self._task = asyncio.create_task(self._beat())
 
     async def stop(self) -> Lease:
         """Stop beating; returns the latest lease (its revision is the release's CAS base).
@@ -58,6 +64,8 @@ class Heartbeat:
         propagates.
         """
         self._stopping = True
+        if self._timer is not None:
+            self._timer.cancel()
         task = self._task
         while task is not None and not task.done():
             task.cancel()
@@ -65,10 +73,8 @@ class Heartbeat:
         return self.lease
 
     async def _beat(self) -> None:
+        # (started when the first renew is due; then one renew each ``interval``)
         while not self._stopping:
-            await asyncio.sleep(self.interval)
-            if self._stopping:
-                return
             try:
                 renewed = await self.leases.renew(self.lease)
                 crash.crash_point("worker.during_renew")
@@ -91,3 +97,4 @@ class Heartbeat:
                 self.log.error("heartbeat failed; treating the lease as lost", exc=True)
                 self.lost.set()
                 return
+            await asyncio.sleep(self.interval)

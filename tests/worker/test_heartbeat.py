@@ -48,3 +48,39 @@ async def test_stop_survives_a_swallowed_cancel_and_no_renew_follows() -> None:
     renews = leases.renews
     await asyncio.sleep(0.1)  # ten heartbeat intervals
     assert leases.renews == renews, "the heartbeat renewed after stop()"
+
+
+async def test_a_heartbeat_stopped_before_its_first_renew_never_starts_a_task() -> None:
+    lease = Lease("tile.j.0", token=1, revision=1, owner=LeaseOwner("n", "a"), ttl=2)
+    leases = SwallowingLeases()
+    beat = Heartbeat(leases, lease, None, 0.05, Log("test")).start()
+    assert await asyncio.wait_for(beat.stop(), 5) is lease
+    await asyncio.sleep(0.15)  # three intervals: nothing may renew after stop()
+    assert leases.renews == 0 and beat._task is None
+
+
+async def test_renews_come_one_interval_apart_from_the_first() -> None:
+    lease = Lease("tile.j.0", token=1, revision=1, owner=LeaseOwner("n", "a"), ttl=2)
+    leases = CountingLeases()
+    beat = Heartbeat(leases, lease, None, 0.02, Log("test")).start()
+    await asyncio.wait_for(leases.third.wait(), 5)
+    await beat.stop()
+    first, second, third = leases.at[:3]
+    assert first - leases.started >= 0.02, "the first renew waits one interval"
+    assert second - first >= 0.02 and third - second >= 0.02
+    assert beat.renewals >= 3 and beat.lease.revision == 1 + beat.renewals
+
+
+class CountingLeases:
+    """``renew`` that records when it was called."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.get_running_loop().time()
+        self.at: list[float] = []
+        self.third = asyncio.Event()
+
+    async def renew(self, lease: Lease) -> Lease:
+        self.at.append(asyncio.get_running_loop().time())
+        if len(self.at) >= 3:
+            self.third.set()
+        return dataclasses.replace(lease, revision=lease.revision + 1)
