@@ -54,6 +54,7 @@ import msgpack
 from proto import names as n
 from proto.names import TOKEN_RE, EventKind
 from shared.core.errors import DecodeError
+from shared.core.fields import field_names
 
 MAX_MESSAGE_BYTES = 64 * 1024
 MAX_STR = 1024
@@ -62,18 +63,6 @@ MAX_INT = 2**63 - 1
 
 _TOKEN_FIELDS = frozenset({"job_id", "attempt_id", "unit", "source_stream"})
 _TEXT_FIELDS = frozenset({"detail", "error"})
-
-
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
-
-
-def _field_names(cls: type) -> tuple[str, ...]:
-    """The field names of dataclass ``cls``, looked up once."""
-    names = _FIELD_NAMES.get(cls)
-    if names is None:
-        fields = dataclasses.fields(cls)
-        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields)
-    return names
 
 
 class Message:
@@ -90,7 +79,7 @@ class Message:
         # Every field is a scalar (str, int, bytes, an EventKind): a shallow map is the whole
         # message (``dataclasses.asdict`` would deep-copy each field, once per tile).
         body: dict[str, Any] = {"v": self.VERSION}
-        for name in _field_names(type(self)):
+        for name in field_names(type(self)):
             value = getattr(self, name)
             body[name] = value.value if isinstance(value, EventKind) else value
         packed: bytes = msgpack.packb(body, use_bin_type=True)

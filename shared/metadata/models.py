@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import KW_ONLY, dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -12,6 +11,7 @@ from asyncpg import Record
 
 from kernel.rect import Rect
 from shared.core.errors import ValidationError
+from shared.core.fields import field_names
 from shared.core.lifecycle import JobState, TileState
 
 SUBMIT_TRIGGER = "submit"
@@ -311,17 +311,5 @@ _D = TypeVar("_D")
 
 
 def _build(cls: type[_D], row: Record, **override: Any) -> _D:
-    values = {name: row[name] for name in _field_names(cls)}
+    values = {name: row[name] for name in field_names(cls)}
     return cls(**(values | override))
-
-
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
-
-
-def _field_names(cls: type) -> tuple[str, ...]:
-    """The field names of dataclass ``cls``, looked up once."""
-    names = _FIELD_NAMES.get(cls)
-    if names is None:
-        fields = dataclasses.fields(cls)
-        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields)
-    return names
