@@ -48,7 +48,6 @@ class Spy:
 
     requests: int = 0
     bytes: int = 0
-    on_request: list[Any] = field(default_factory=list)
     #: the chunk digest of each request (a ``busy`` answer's retry sends the same one again)
     digests: list[str] = field(default_factory=list)
 
@@ -56,8 +55,6 @@ class Spy:
         self.requests += 1
         self.bytes += len(msg.data)
         self.digests.append(str(msgpack.unpackb(msg.data)["sha256"]))
-        for hook in self.on_request:
-            hook(self.requests)
 
 
 @pytest.fixture
