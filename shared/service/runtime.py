@@ -86,7 +86,10 @@ class Runtime:
         try:
             js = nc.jetstream(timeout=10)
             await ensure_topology(js, topology)
-            db = await MetadataStore.connect(settings.database_url)
+            # (the worker's statements are keyed: planned once per connection, StoreBase.connect)
+            db = await MetadataStore.connect(
+                settings.database_url, generic_plans=service == "worker"
+            )
         except BaseException:
             await nc.close()
             raise
