@@ -25,6 +25,7 @@ from proto.api import SubmitRequest
 from shared.core.config import Settings
 from shared.devstack.stack import Stack
 from shared.nats.jetstream import connect_nats
+from tests.helpers import eventually
 
 
 @pytest.fixture
@@ -92,7 +93,14 @@ def test_the_nats_counters_count_a_publish_and_the_reader_ignores_its_own_querie
             await nc.flush()
         finally:
             await nc.close()
-        after = nats_messages(stack.nats.monitor_port)
+
+        # /varz sums the clients' counts as the server gets to them, not at the PONG that
+        # ends the flush: on a loaded machine it once still read 0 here.
+        def counted() -> tuple[int, int] | None:
+            now = nats_messages(stack.nats.monitor_port)
+            return now if now[0] - before[0] >= 5 else None
+
+        after = await eventually(counted, what="the server's /varz counted the publishes")
         reader = await CounterReader.open(stack)
         try:
             first = (await reader.read({})).sql_statements
