@@ -22,8 +22,9 @@ planner and every job-control event (:data:`proto.names.DISPATCH_NUDGES`: a resu
 tiles releasable again; a pause, cancel, failure or dead letter frees room; a retry) start one
 at once;
 tile-done events (a plain core-NATS subscription to the EVENTS tile-done subjects: a hint that
-a worker has room, not a durable consumer) start one after ``refill`` of them (1 without a
-buffer; with one, half the buffer has been taken by then). The timer waits
+a worker has room, not a durable consumer) start one after ``refill`` of them (with long
+tiles, no buffer, the fewest tiles a live worker holds beyond one per thread: as many as its
+threads by default; with a buffer, half the buffer has been taken by then). The timer waits
 ``TESSERA_DISPATCH_INTERVAL``, doubled after each round that released nothing up to
 ``TESSERA_DISPATCH_IDLE_INTERVAL`` and left as it was by a round that released tiles on a nudge
 (:func:`backoff_after`, :func:`idle_wait`): an idle farm, or one whose windows are full between
@@ -49,7 +50,7 @@ from shared.core import window as rule
 from shared.core.errors import RetryableError, TerminalError
 from shared.core.window import Ewma, Window
 from shared.metadata import Tile
-from shared.nats.presence import LiveWorkers, capacity
+from shared.nats.presence import LiveWorkers, capacity, spare
 from shared.service.publish import publish_released
 from shared.service.runtime import Runtime
 
@@ -86,6 +87,7 @@ class Dispatcher:
         #: the windows of the last capacity reading, by renderer
         self.windows: dict[str, Window] = {}
         self._threads: dict[str, int] = {}
+        self._spare: dict[str, int] = {}
         self._threads_at = -math.inf
         self._tile_seconds: dict[str, float] = {}
         self._tile_seconds_at = -math.inf
@@ -152,7 +154,9 @@ class Dispatcher:
         :data:`TILE_SECONDS_REFRESH` s)."""
         loop = asyncio.get_running_loop()
         if loop.time() - self._threads_at >= CAPACITY_REFRESH:
-            self._threads = capacity(await self.workers.list(), 1.0)
+            live = await self.workers.list()
+            self._threads = capacity(live, 1.0)
+            self._spare = spare(live, self.config.dispatch_factor)
             self._threads_at = loop.time()
         if loop.time() - self._tile_seconds_at >= TILE_SECONDS_REFRESH:
             self._tile_seconds = await self.rt.db.tile_seconds(TILE_SECONDS_WINDOW)
@@ -165,6 +169,7 @@ class Dispatcher:
                 max_factor=c.dispatch_max_factor,
                 tile_seconds=self._tile_seconds.get(renderer),
                 gap_seconds=self.gap.value,
+                spare=self._spare.get(renderer, 0),
             )
             for renderer, threads in self._threads.items()
         }

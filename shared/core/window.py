@@ -12,8 +12,14 @@ A renderer's window is ``base + buffer`` tiles released and unfinished:
   the workers finish in ``HEADROOM`` gaps, and keeps ``buffer = 2 x refill`` in the stream: when
   a round is due, ``refill`` tiles are still waiting, ``HEADROOM`` gaps of work.
 
-Long tiles (``tile`` much longer than ``gap``) get no buffer and a round per tile-done nudge, as
-without the rule: a higher-priority job waits for no more released tiles than the workers hold.
+Long tiles (``tile`` much longer than ``gap``) get no buffer: a higher-priority job waits for no
+more released tiles than the workers hold. Their round is due after ``spare`` tile-done nudges,
+the fewest tiles any live worker holds beyond one per kernel thread (``factor x threads -
+threads`` with the default in-hand; 1 when a worker holds no more than it renders): however
+those tiles fall, each worker still has a tile for every thread when the round is due, and the
+next tile-done comes ``tile / base`` later on average, more than ``HEADROOM`` round latencies
+(else the tiles would have a buffer). A round per tile-done cost as much coordination as the
+commit itself with long tiles (README, "Performance").
 Short tiles get a buffer that the workers drain in ``2 x HEADROOM`` gaps, which is all a
 higher-priority job can wait for behind it (a few rounds' latency). The buffer is at most
 ``TESSERA_DISPATCH_MAX_FACTOR x threads - base``; without a measured tile or gap it is 0.
@@ -49,8 +55,9 @@ class Ewma:
 @dataclass(frozen=True)
 class Window:
     """One renderer's window: ``base`` held by the workers, ``buffer`` waiting in the stream,
-    ``refill``, the tile-done nudges after which a round is due (1 without a buffer), and
-    whether its tiles' duration was ``measured``."""
+    ``refill``, the tile-done nudges after which a round is due (the workers' spare tiles
+    without a buffer, half the buffer with one, at least 1), and whether its tiles' duration
+    was ``measured``."""
 
     base: int
     buffer: int
@@ -70,18 +77,23 @@ def window(
     max_factor: float,
     tile_seconds: float | None,
     gap_seconds: float | None,
+    spare: int = 0,
 ) -> Window:
     """The window of a renderer whose live workers run ``threads`` kernel threads (see the
-    module docstring); ``tile_seconds``/``gap_seconds`` ``None`` when not measured yet."""
+    module docstring); ``tile_seconds``/``gap_seconds`` ``None`` when not measured yet;
+    ``spare``: the fewest tiles a live worker holds beyond one per thread
+    (:func:`shared.nats.presence.spare`)."""
     base = int(factor * threads)
     room = max(0, int(max_factor * threads) - base)
     if tile_seconds is None or tile_seconds <= 0:
         return Window(base, 0, 1)
+    # (the base alone bounds how many tiles the workers hold beyond one per thread)
+    spare = max(1, min(spare, base - threads))
     if base <= 0 or gap_seconds is None or gap_seconds <= 0:
-        return Window(base, 0, 1, measured=True)
+        return Window(base, 0, spare, measured=True)
     ahead = HEADROOM * gap_seconds * base / tile_seconds
     buffer = min(2 * math.floor(ahead), room) if math.isfinite(ahead) else room
-    return Window(base, buffer, max(1, buffer // 2), measured=True)
+    return Window(base, buffer, max(spare, buffer // 2), measured=True)
 
 
 def refill_after(windows: Iterable[Window]) -> int:

@@ -22,7 +22,7 @@ from shared.core.errors import DecodeError, RetryableError, TerminalError
 from shared.nats.jetstream import subjects_with_messages
 from shared.nats.leases import _Bucket
 
-__all__ = ["REFRESH", "TTL", "LiveRenderers", "LiveWorkers", "WorkerInfo", "capacity"]
+__all__ = ["REFRESH", "TTL", "LiveRenderers", "LiveWorkers", "WorkerInfo", "capacity", "spare"]
 
 TTL = 10
 """Seconds a worker's key lives without a refresh."""
@@ -151,3 +151,16 @@ def capacity(workers: list[WorkerInfo], factor: float) -> dict[str, int]:
         for renderer in w.renderers:
             out[renderer] = out.get(renderer, 0) + w.threads
     return {r: int(factor * t) for r, t in out.items()}
+
+
+def spare(workers: list[WorkerInfo], factor: float) -> dict[str, int]:
+    """``renderer -> `` the fewest tiles any worker announcing it holds beyond one per kernel
+    thread: ``min(in_hand, factor x threads) - threads`` (a worker holds at most what it asks
+    for, and the window releases ``factor x threads`` for it), at least 0. So many tiles can
+    finish, all at one worker, before any of its threads waits for a release."""
+    out: dict[str, int] = {}
+    for w in workers:
+        room = max(0, min(w.in_hand, int(factor * w.threads)) - w.threads)
+        for renderer in w.renderers:
+            out[renderer] = min(out.get(renderer, room), room)
+    return out

@@ -190,7 +190,8 @@ async def _announce(rt: Runtime, *workers: tuple[str, str]) -> None:
 async def test_the_window_buffers_short_tiles_and_not_long_ones(runtime: Runtime) -> None:
     """One 2-thread worker per renderer (base window 2 x 2 = 4 each, at most 8 x 2 = 16): the
     tessera job's recent attempts took 1 ms, the blender job's 60 s. Once a tile-done nudge has
-    let the running dispatcher measure a round's latency, the tessera window grows past its base
+    let the running dispatcher measure a round's latency (a round is due after 2 of them: the
+    workers' spare tiles), the tessera window grows past its base
     (tiles waiting in TILES for the next free slot); the blender window stays at 4."""
     short, long = await _job(runtime), await _job(runtime, renderer="blender")
     await _attempts(runtime, short, 0.001)
@@ -203,14 +204,15 @@ async def test_the_window_buffers_short_tiles_and_not_long_ones(runtime: Runtime
         await eventually(lambda: _released(runtime, long), what="the first round's release")
         assert await _released(runtime, short) == 4, "no nudge yet: no round latency, no buffer"
         done = runtime.names.event_subject(short, n.EventKind.TILE_DONE)
-        await runtime.nc.publish(done, b"")
+        for _ in range(2):  # each worker holds 2 tiles beyond its 2 threads: a round per 2
+            await runtime.nc.publish(done, b"")
         await eventually(lambda: _more_than(runtime, short, 4), what="the buffer released")
     finally:
         stop.set()
         await task
     assert dispatcher.gap.value is not None and dispatcher.gap.value > 0
     tessera, blender = dispatcher.windows["tessera"], dispatcher.windows["blender"]
-    assert blender == Window(4, 0, 1, measured=True), "60 s tiles: no buffer"
+    assert blender == Window(4, 0, 2, measured=True), "60 s tiles: no buffer, 2 spare in hand"
     assert tessera.base == 4 and 0 < tessera.buffer <= 12
     assert await _released(runtime, short) == tessera.capacity
     assert await _released(runtime, long) == 4
@@ -241,6 +243,34 @@ async def test_tile_done_nudges_are_coalesced_while_a_buffer_is_waiting(
     dispatcher.wake.clear()
     dispatcher.nudge()
     assert dispatcher.wake.is_set()
+
+
+async def test_long_tiles_are_refilled_once_the_workers_spare_tiles_are_done(
+    runtime: Runtime,
+) -> None:
+    """Long tiles get no buffer; the 2-thread worker holds 4 of them, so a round is due after
+    2 tile-done nudges (each thread still has a tile after any 2 finished), not after each.
+    A worker that holds no more than it renders (in hand 2) brings the round back to each."""
+    long = await _job(runtime, renderer="blender")
+    await _attempts(runtime, long, 60.0)
+    await _announce(runtime, ("w1", "blender"))
+    dispatcher = Dispatcher(runtime)
+    assert await dispatcher.capacity() == {"blender": 4}
+    dispatcher.gap.add(0.01)
+    await dispatcher.capacity()
+    assert dispatcher.windows["blender"] == Window(4, 0, 2, measured=True)
+    dispatcher.tile_done()
+    assert not dispatcher.wake.is_set()
+    dispatcher.tile_done()
+    assert dispatcher.wake.is_set()
+
+    bucket = LiveWorkers(runtime.js, runtime.names.bucket(n.BUCKET_WORKERS))
+    await bucket.put(WorkerInfo("w2", 2, 2, {"blender": "k1"}, "t", 0.0))
+    tight = Dispatcher(runtime)
+    await tight.capacity()
+    assert tight.windows["blender"] == Window(8, 0, 1, measured=True)
+    tight.tile_done()
+    assert tight.wake.is_set()
 
 
 class _Recording(Dispatcher):

@@ -7,10 +7,18 @@ from __future__ import annotations
 import pytest
 
 from shared.core.window import HEADROOM, Ewma, Window, refill_after, window
+from shared.nats.presence import WorkerInfo, spare
 
 
-def _w(threads: int, tile: float | None, gap: float | None, max_factor: float = 8.0) -> Window:
-    return window(threads, factor=2.0, max_factor=max_factor, tile_seconds=tile, gap_seconds=gap)
+def _w(
+    threads: int,
+    tile: float | None,
+    gap: float | None,
+    max_factor: float = 8.0,
+    spare: int = 0,
+) -> Window:
+    return window(threads, factor=2.0, max_factor=max_factor, tile_seconds=tile,
+                  gap_seconds=gap, spare=spare)  # fmt: skip
 
 
 def test_no_buffer_before_anything_is_measured() -> None:
@@ -43,6 +51,38 @@ def test_the_buffer_grows_with_the_gap_and_shrinks_with_the_tile(tile: float, ga
     assert got.buffer == 2 * int(HEADROOM * gap * 64 / tile)
     assert _w(32, tile, 2 * gap, max_factor=1000.0).buffer >= got.buffer
     assert _w(32, 2 * tile, gap, max_factor=1000.0).buffer <= got.buffer
+
+
+def test_long_tiles_wait_for_the_workers_spare_tiles() -> None:
+    """Workers holding 2 tiles per thread: a round is due once the fewest spare tiles of a
+    worker have finished (each thread still has one), not after every tile; never more than
+    the base holds beyond one per thread, never below 1, and unmeasured tiles keep 1."""
+    assert _w(2, 1.4, 0.05, spare=2) == Window(4, 0, 2, measured=True)
+    assert _w(2, 1.4, None, spare=2) == Window(4, 0, 2, measured=True), "no gap measured yet"
+    assert _w(2, 1.4, 0.05, spare=9).refill == 2, "the base bounds what the workers hold"
+    assert _w(2, 1.4, 0.05, spare=0).refill == 1, "workers with nothing in hand to spare"
+    assert _w(2, None, 0.05, spare=2).refill == 1
+    assert _w(0, 1.4, 0.05, spare=2).refill == 1, "no threads"
+    # a buffer's half wins when it is larger; the spare tiles when they are
+    assert _w(32, 0.16, 0.02, spare=4).refill == 16
+    assert _w(32, 0.16, 0.002, spare=4) == Window(64, 2, 4, measured=True)
+
+
+def _worker(node: str, threads: int, in_hand: int, *renderers: str) -> WorkerInfo:
+    return WorkerInfo(node, threads, in_hand, dict.fromkeys(renderers, "v"), "t", 0.0)
+
+
+def test_spare_is_the_fewest_tiles_a_worker_holds_beyond_its_threads() -> None:
+    live = [
+        _worker("a", 8, 16, "tessera"),
+        _worker("b", 2, 4, "tessera", "blender"),
+        _worker("c", 4, 4, "povray"),
+        _worker("d", 2, 64, "blender"),
+    ]
+    assert spare(live, 2.0) == {"tessera": 2, "blender": 2, "povray": 0}
+    assert spare(live, 1.0) == {"tessera": 0, "blender": 0, "povray": 0}, "the window's base"
+    assert spare(live, 4.0) == {"tessera": 2, "blender": 2, "povray": 0}, "what it asks for"
+    assert spare([], 2.0) == {}
 
 
 def test_the_max_factor_bounds_the_window() -> None:
