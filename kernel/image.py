@@ -120,6 +120,32 @@ def float_image_and_tonemap(accumulator: np.ndarray, samples: int) -> tuple[byte
     return _npy(mean), image
 
 
+def display_images(
+    accumulator: np.ndarray, samples: int, *, display_referred: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """The float32 mean and the display image of an accumulator, a frame's or a tile's: the
+    8-bit tone-mapped image (:func:`tonemap`) for linear radiance, the 16-bit one
+    (:func:`float_image_and_display16`) for a display-referred accumulator.
+
+    Every step is per element, so tiles converted apart and placed side by side are the
+    frame's arrays bit for bit: the finalizer converts each tile as it reads it ahead, while
+    the others render, and at finalization only places them (:func:`float_npy` and
+    :func:`png_of` / :func:`png16_of` of the frames give :func:`float_image_and_tonemap`'s and
+    :func:`float_image_and_display16`'s bytes).
+    """
+    acc = _checked(accumulator, samples)
+    if display_referred:
+        mean = _mean(acc, samples)
+        return mean.astype(np.float32), _display16_in_place(mean)
+    mean32 = np.empty(acc.shape, dtype=np.float32)
+    return mean32, _convert(acc, samples, mean32)
+
+
+def float_npy(mean: np.ndarray) -> bytes:
+    """``.npy`` bytes of a float32 mean radiance (the float image)."""
+    return _npy(mean)
+
+
 def float_image_and_display16(accumulator: np.ndarray, samples: int) -> tuple[bytes, np.ndarray]:
     """The float image and the 16-bit image of a display-referred accumulator (no tone curve).
 

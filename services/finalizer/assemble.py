@@ -1,7 +1,8 @@
 """Finalization of one job (DESIGN.md "Finalizer flow").
 
 Take the ``final.<job>`` lease, mark the job ``finalizing``, assemble the committed tile
-accumulators (each verified against its recorded sha256), encode the PNG and the float image,
+results (each verified against its recorded sha256; their images converted when read ahead,
+or now) into the frame's float32 mean and display image, encode the PNG and the float image,
 publish both under content-addressed keys and verify the PNG by reading it back, then set
 ``completed`` + ``result_location`` + ``result_sha256`` in one transaction and announce it. The
 kernel is deterministic, so racing finalizers write the same bytes under the same key; readers
@@ -13,10 +14,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
+import numpy as np
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
@@ -24,11 +24,11 @@ import kernel.image  # numpy and Pillow load at start-up, not in the first final
 from kernel.rect import Rect
 from proto import names as n
 from proto.messages import JobEvent, TileDone, TilesDone
-from services.finalizer.cache import ReadAhead, Result
+from services.finalizer.cache import Images, ReadAhead, Result
 from shared.core import crash
 from shared.core.errors import DecodeError, RetryableError, TerminalError
 from shared.core.lifecycle import IllegalTransition, JobState, JobTrigger
-from shared.core.tiles import Accumulator, assemble, fits, from_npy, load_npy
+from shared.core.tiles import Accumulator, fits, from_npy, load_npy
 from shared.metadata import Job, Tile
 from shared.nats.leases import LeaseOwner
 from shared.objectstore import render_key, sha256_hex
@@ -51,6 +51,8 @@ __all__ = ["Finalizer", "ImageCorrupt", "ResultLost"]
 
 #: tile result objects read at once while assembling
 _READS_IN_FLIGHT = 16
+#: jobs whose samples and renderer the read-ahead remembers
+_KINDS_HELD = 1024
 
 _SETTLED = frozenset(
     {JobState.COMPLETED, JobState.CANCELLED, JobState.FAILED_TERMINAL, JobState.DEAD_LETTERED}
@@ -78,6 +80,8 @@ class Finalizer:
         self.rt = rt
         self.log = rt.log.bind(component="finalizer")
         self.read_ahead = ReadAhead(rt.settings.finalizer.read_ahead_bytes)
+        #: job id -> (spp, display-referred) of the jobs read ahead lately (immutable facts)
+        self._kinds: dict[str, tuple[int, bool]] = {}
 
     async def subscribe_read_ahead(self) -> Subscription:
         """The read-ahead's plain subscription to every tile-done event, shared by the
@@ -153,11 +157,29 @@ class Finalizer:
         try:
             data = await self.rt.store.get(key)
             acc = load_npy(data)
+            kind = await self._kind(done.job_id)
         except (RetryableError, TerminalError) as exc:  # (a DecodeError is terminal)
             self.log.debug("read-ahead missed", job_id=done.job_id, key=key, error=str(exc))
             return
-        self.read_ahead.put(done.job_id, done.tile_index, Result(key, sha256_hex(data), acc))
+        images = None if kind is None else await asyncio.to_thread(_convert, acc, *kind)
+        self.read_ahead.put(
+            done.job_id, done.tile_index, Result(key, sha256_hex(data), acc, images)
+        )
         self.rt.metrics.read_ahead_bytes.set(self.read_ahead.bytes)
+
+    async def _kind(self, job_id: str) -> tuple[int, bool] | None:
+        """The job's samples per pixel and whether its renderer is display-referred (what a
+        tile's images depend on), read once per job; None for a job not found."""
+        kind = self._kinds.get(job_id)
+        if kind is None:
+            job = await self.rt.db.get_job(job_id)
+            if job is None:
+                return None
+            kind = (job.spp, job.renderer in n.DISPLAY_REFERRED_RENDERERS)
+            self._kinds[job_id] = kind
+            while len(self._kinds) > _KINDS_HELD:
+                del self._kinds[next(iter(self._kinds))]
+        return kind
 
     def _take_held(self, job_id: str) -> dict[int, Result]:
         """The job's read-ahead results, no longer held (the gauge follows)."""
@@ -207,12 +229,12 @@ class Finalizer:
             return
         crash.crash_point("finalizer.after_finalizing")
         try:
-            acc = await self._assemble(job)
+            flt, image = await self._assemble(job)
         except ResultLost as lost:
             await self._render_again(job, attempt_id, lost, log)
             return
 
-        flt, image, encode = await asyncio.to_thread(_images, job, acc)
+        encode = kernel.image.png16_of if _display_referred(job) else kernel.image.png_of
         float_key = render_key(job.job_id, _sha(flt), "npy")
         # The PNG encodes on one core while the float image is written.
         png, _ = await asyncio.gather(asyncio.to_thread(encode, image), store.put(float_key, flt))
@@ -246,19 +268,24 @@ class Finalizer:
             seconds = (job.finished_at - job.created_at).total_seconds()
             self.rt.metrics.job_seconds.observe(max(seconds, 0.0))
 
-    async def _assemble(self, job: Job) -> Accumulator:
-        """Every committed tile result, verified against its recorded sha256, in one image.
+    async def _assemble(self, job: Job) -> tuple[bytes, np.ndarray]:
+        """Every committed tile result, verified against its recorded sha256, in the job's
+        float image (``.npy`` bytes of the float32 mean) and display image
+        (:func:`kernel.image.display_images`).
 
         Small results come inline from the database in one query; results read ahead are used
-        as held when the row names the same key and sha256 and the shape fits; the rest are
-        read a few at a time (a bound on open requests to the store).
+        as held when the row names the same key and sha256 and the shape fits, with the images
+        converted when they were read if those were for this job's samples and renderer; the
+        rest are read a few at a time (a bound on open requests to the store) and converted
+        here.
         """
         tiles = await self.rt.db.list_tiles(job.job_id)
         inline = await self.rt.db.tile_results(job.job_id)
         ahead = self._take_held(job.job_id)
         gate = asyncio.Semaphore(_READS_IN_FLIGHT)
+        kind = (job.spp, _display_referred(job))
         lost: dict[int, str] = {}
-        parts: list[tuple[Rect, Accumulator]] = []
+        parts: list[tuple[Rect, Accumulator | Images]] = []
         to_read: list[tuple[Tile, Rect]] = []
         for t in tiles:
             held = ahead.get(t.tile_index)
@@ -268,7 +295,10 @@ class Finalizer:
                 and (held.key, held.sha256) == (t.result_key, t.result_sha256)
                 and fits(held.acc, rect)
             ):
-                parts.append((rect, held.acc))  # read ahead, and it is what the row names
+                # read ahead, and it is what the row names
+                images = held.images
+                fresh = images is not None and (images.samples, images.display_referred) == kind
+                parts.append((rect, images if fresh and images is not None else held.acc))
             else:
                 to_read.append((t, rect))
 
@@ -288,7 +318,7 @@ class Finalizer:
         from_store = sum(1 for t, _ in to_read if t.result_key)
         sources.labels(source="store").inc(from_store)
         sources.labels(source="inline").inc(len(to_read) - from_store)
-        return assemble(job.width, job.height, parts)
+        return await asyncio.to_thread(_frames, job.width, job.height, kind, parts)
 
     async def _render_again(self, job: Job, attempt_id: str, lost: ResultLost, log: Log) -> None:
         """Send the tiles whose results are lost back to rendering; the job leaves finalizing.
@@ -307,20 +337,34 @@ class Finalizer:
         log.warning("tile results lost; rendering those tiles again", tiles=moved, error=error)
 
 
-def _images(job: Job, acc: Accumulator) -> tuple[bytes, Any, Callable[[Any], bytes]]:
-    """The float image, the display image and its PNG encoder, by the job's renderer.
-
-    ``tessera`` and ``blender`` accumulate linear radiance: the float image is the mean
+def _display_referred(job: Job) -> bool:
+    """``tessera`` and ``blender`` accumulate linear radiance: the float image is the mean
     (Blender's own float32 render value for value, for one pass per tile) and the PNG
-    Tessera's tone map of it (smallpt's gamma 2.2, not Blender's view transform).
-    ``povray`` accumulates POV-Ray's own gamma-encoded 16-bit values: no tone curve, the PNG
-    is 16-bit and equals ``povray +FN16``'s image pixel for pixel.
-    """
-    if job.renderer in n.DISPLAY_REFERRED_RENDERERS:
-        flt, image16 = kernel.float_image_and_display16(acc, job.spp)
-        return flt, image16, kernel.png16_of
-    flt, image8 = kernel.float_image_and_tonemap(acc, job.spp)
-    return flt, image8, kernel.png_of
+    Tessera's tone map of it (smallpt's gamma 2.2, not Blender's view transform). ``povray``
+    accumulates POV-Ray's own gamma-encoded 16-bit values: no tone curve, the PNG is 16-bit and
+    equals ``povray +FN16``'s image pixel for pixel."""
+    return job.renderer in n.DISPLAY_REFERRED_RENDERERS
+
+
+def _convert(acc: Accumulator, samples: int, display_referred: bool) -> Images:
+    mean, image = kernel.image.display_images(acc, samples, display_referred=display_referred)
+    return Images(samples, display_referred, mean, image)
+
+
+def _frames(
+    width: int, height: int, kind: tuple[int, bool], parts: list[tuple[Rect, Accumulator | Images]]
+) -> tuple[bytes, np.ndarray]:
+    """The frame's float image (``.npy`` bytes) and display image from its tiles' (converted
+    here where a part is still an accumulator; per element, so the same bits as converting
+    the frame)."""
+    samples, display_referred = kind
+    mean = np.empty((height, width, 3), dtype=np.float32)
+    image = np.empty((height, width, 3), dtype=np.uint16 if display_referred else np.uint8)
+    for (x0, y0, x1, y1), part in parts:
+        images = part if isinstance(part, Images) else _convert(part, samples, display_referred)
+        mean[y0:y1, x0:x1] = images.mean
+        image[y0:y1, x0:x1] = images.image
+    return kernel.image.float_npy(mean), image
 
 
 def _sha(data: bytes) -> str:

@@ -20,9 +20,10 @@ import numpy as np
 from proto.messages import TileDone
 from services.client.api import TesseraClient
 from services.finalizer.assemble import Finalizer
-from services.finalizer.cache import Result
+from services.finalizer.cache import Images, Result
 from shared.core.config import Settings
 from shared.core.lifecycle import TileState
+from shared.core.tiles import from_npy
 from shared.metadata import MetadataStore
 from shared.objectstore import DirectoryStore, ObjectStore
 from shared.service.runtime import Runtime
@@ -80,8 +81,17 @@ async def test_held_results_the_rows_do_not_name_are_not_used(
         held.put(job_id, 1, Result(t2.result_key, t2.result_sha256 or "", garbage))  # another key
         wrong_shape = np.zeros((8, 16, 3))
         held.put(job_id, 2, Result(t2.result_key, t2.result_sha256 or "", wrong_shape))
+        # the row's result, with images converted for other samples or another renderer: the
+        # accumulator is used, converted for this job
+        t3 = tiles[3]
+        assert t3.result_key
+        acc = from_npy(await objects.get(t3.result_key), t3.rect)
+        junk = Images(
+            5, False, np.full((16, 16, 3), 7, np.float32), np.full((16, 16, 3), 9, np.uint8)
+        )
+        held.put(job_id, 3, Result(t3.result_key, t3.result_sha256 or "", acc, junk))
         assert await finalizer.finalize(job_id, None)
-        assert _results(rt) == {"read_ahead": 0, "store": 4, "inline": 0}
+        assert _results(rt) == {"read_ahead": 1, "store": 3, "inline": 0}
     finally:
         await rt.close()
     status = await client.status(job_id)
@@ -110,7 +120,12 @@ async def test_held_results_the_rows_name_are_used(
         for t in tiles:  # gone from the store: only the held copies can make the image
             assert t.result_key
             objects.path_of(t.result_key).unlink()
-        assert _held_bytes(rt) == 4 * 16 * 16 * 3 * 8  # four float64 16x16 accumulators
+        # four float64 16x16 accumulators, their float32 means and 8-bit images
+        assert _held_bytes(rt) == 4 * 16 * 16 * 3 * (8 + 4 + 1)
+        for t in tiles:
+            held = finalizer.read_ahead.get(job_id, t.tile_index)
+            images = held.images if held is not None else None
+            assert images is not None and (images.samples, images.display_referred) == (4, False)
         assert await finalizer.finalize(job_id, None)
         assert _results(rt) == {"read_ahead": 4, "store": 0, "inline": 0}
         assert _held_bytes(rt) == 0

@@ -94,3 +94,32 @@ def test_display8_is_the_tone_map_or_the_top_byte_of_the_display_image() -> None
     _, image16 = kernel.float_image_and_display16(acc / 3.0, 4)
     shown = kernel.display8(acc / 3.0, 4, display_referred=True)
     assert shown.dtype == np.uint8 and (shown == image16 >> 8).all()
+
+
+@pytest.mark.parametrize("display_referred", [False, True])
+def test_tiles_converted_apart_and_placed_are_the_frames_bytes(display_referred: bool) -> None:
+    """What the finalizer does: each tile's float32 mean and display image converted on its
+    own (as it is read ahead), placed into the frame, then encoded: the bytes equal the
+    whole frame's conversion (float_image_and_tonemap / float_image_and_display16). Uneven
+    tiles over a frame wider than a band, with NaN, infinities, negatives and values past 1."""
+    rng = np.random.default_rng(19)
+    spp = 7
+    acc = rng.exponential(0.7, size=(150, 97, 3)) * spp
+    acc[3, 5] = [np.nan, np.inf, -np.inf]
+    acc[140, 90] = [-2.0, 0.0, 1e30]
+    if display_referred:
+        flt, whole = kernel.float_image_and_display16(acc, spp)
+        encode = kernel.png16_of
+    else:
+        flt, whole = kernel.float_image_and_tonemap(acc, spp)
+        encode = kernel.png_of
+    mean = np.empty(acc.shape, dtype=np.float32)
+    image = np.empty(acc.shape, dtype=whole.dtype)
+    for y0, y1 in ((0, 64), (64, 130), (130, 150)):
+        for x0, x1 in ((0, 40), (40, 97)):
+            m, im = kernel.display_images(acc[y0:y1, x0:x1], spp, display_referred=display_referred)
+            assert m.dtype == np.float32 and im.dtype == whole.dtype
+            mean[y0:y1, x0:x1], image[y0:y1, x0:x1] = m, im
+    assert kernel.float_npy(mean) == flt
+    np.testing.assert_array_equal(image, whole)
+    assert encode(image) == encode(whole)
