@@ -28,7 +28,7 @@ from services.finalizer.cache import Images, ReadAhead, Result
 from shared.core import crash
 from shared.core.errors import DecodeError, RetryableError, TerminalError
 from shared.core.lifecycle import IllegalTransition, JobState, JobTrigger
-from shared.core.tiles import Accumulator, fits, from_npy, load_npy
+from shared.core.tiles import Accumulator, assemble, fits, from_npy, load_npy
 from shared.metadata import Job, Tile
 from shared.nats.leases import LeaseOwner
 from shared.objectstore import render_key, sha256_hex
@@ -356,10 +356,28 @@ def _frames(
 ) -> tuple[bytes, np.ndarray]:
     """The frame's float image (``.npy`` bytes) and display image from its tiles' (converted
     here where a part is still an accumulator; per element, so the same bits as converting
-    the frame)."""
+    the frame).
+
+    Accumulators covering half the frame or more (small inline tiles, nothing read ahead)
+    are placed in one frame and converted at once: a conversion per 8x8 tile costs 5x the
+    frame's in numpy's per-call overhead. Fewer (read-ahead misses) are converted apart.
+    """
     samples, display_referred = kind
-    mean = np.empty((height, width, 3), dtype=np.float32)
-    image = np.empty((height, width, 3), dtype=np.uint16 if display_referred else np.uint8)
+    accs: list[tuple[Rect, Accumulator]] = []
+    held: list[tuple[Rect, Accumulator | Images]] = []
+    for rect, part in parts:
+        if isinstance(part, Images):
+            held.append((rect, part))
+        else:
+            accs.append((rect, part))
+    area = sum((x1 - x0) * (y1 - y0) for (x0, y0, x1, y1), _ in accs)
+    if 2 * area >= width * height:
+        whole = _convert(assemble(width, height, accs), samples, display_referred)
+        mean, image = whole.mean, whole.image
+        parts = held
+    else:
+        mean = np.empty((height, width, 3), dtype=np.float32)
+        image = np.empty((height, width, 3), dtype=np.uint16 if display_referred else np.uint8)
     for (x0, y0, x1, y1), part in parts:
         images = part if isinstance(part, Images) else _convert(part, samples, display_referred)
         mean[y0:y1, x0:x1] = images.mean
