@@ -6,6 +6,8 @@ import io
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.finalizer.cache import ReadAhead, Result
 from shared.core.errors import DecodeError
@@ -42,3 +44,52 @@ def test_only_a_float64_npy_array_parses_as_a_result() -> None:
         load_npy(to_npy(acc)[:-8])  # truncated
     with pytest.raises(DecodeError, match="expected float64"):
         load_npy(to_npy(acc[:, :, :2]))  # not (h, w, 3)
+
+
+def _npy(arr: np.ndarray, version: tuple[int, int] | None) -> bytes:
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, arr, version=version, allow_pickle=False)
+    return buf.getvalue()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    h=st.integers(1, 9), w=st.integers(1, 9), fortran=st.booleans(),
+    dtype=st.sampled_from(["<f8", ">f8", "<f4", "<i8"]),
+    version=st.sampled_from([None, (1, 0), (2, 0), (3, 0)]),
+    cut=st.integers(0, 400), flip=st.integers(0, 400),
+)  # fmt: skip
+def test_load_npy_answers_as_np_load(
+    h: int,
+    w: int,
+    fortran: bool,
+    dtype: str,
+    version: tuple[int, int] | None,
+    cut: int,
+    flip: int,
+) -> None:
+    """The header parsed once per distinct header: for any .npy bytes — other dtypes, byte
+    orders, Fortran order, every format version, truncated or with a byte changed — the array
+    is np.load's, and an error is a DecodeError whenever np.load fails or the array is not a
+    float64 (h, w, 3) accumulator."""
+    arr = np.arange(h * w * 3).astype(dtype).reshape(h, w, 3)
+    data = _npy(np.asfortranarray(arr) if fortran else arr, version)
+    if cut:  # truncate or change one byte (the header's too)
+        data = data[: len(data) - cut] if cut % 2 else data
+        if flip % 3 == 0 and flip < len(data):
+            data = data[:flip] + bytes([data[flip] ^ 0x5A]) + data[flip + 1 :]
+    try:
+        expected = np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, EOFError):
+        expected = None
+    ok = (
+        isinstance(expected, np.ndarray) and expected.dtype == np.float64
+        and expected.ndim == 3 and expected.shape[2] == 3
+    )  # fmt: skip
+    if not ok:
+        with pytest.raises(DecodeError):
+            load_npy(data)
+        return
+    got = load_npy(data)
+    assert got.dtype == np.float64 and got.shape == expected.shape
+    np.testing.assert_array_equal(got, expected)
