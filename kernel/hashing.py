@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from typing import Any
@@ -66,6 +67,7 @@ def reference_input_hash(
     return _sha256(payload)
 
 
+@functools.lru_cache(maxsize=256)  # asked for every tile a worker leases (10 us of JSON and sha256)
 def checkpoint_hash(job_input_hash: str, renderer: str, version: str) -> str:
     """The hash a tile's progress pointer carries: the job's inputs and the renderer that made it.
 
