@@ -93,3 +93,21 @@ def test_load_npy_answers_as_np_load(
     got = load_npy(data)
     assert got.dtype == np.float64 and got.shape == expected.shape
     np.testing.assert_array_equal(got, expected)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    h=st.integers(0, 40), w=st.integers(0, 40), fortran=st.booleans(), step=st.integers(1, 3),
+    dtype=st.sampled_from(["<f8", ">f8", "<f4"]),
+)  # fmt: skip
+def test_to_npy_writes_np_saves_bytes(h: int, w: int, fortran: bool, step: int, dtype: str) -> None:
+    """The header written once per shape: the bytes are np.save's of the float64 C-ordered
+    array, whatever the accumulator's dtype, order or strides (tile results are content
+    addressed, so a byte of difference would be a different result)."""
+    arr = np.random.default_rng(h * 41 + w).normal(size=(h * step, w, 3)).astype(dtype)
+    arr = arr[::step]
+    if fortran:
+        arr = np.asfortranarray(arr)
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(arr, dtype=np.float64), allow_pickle=False)
+    assert to_npy(arr) == buf.getvalue()
