@@ -29,7 +29,7 @@ from shared.core import crash
 from shared.core.errors import DecodeError, RetryableError, TerminalError
 from shared.core.lifecycle import IllegalTransition, JobState, JobTrigger
 from shared.core.tiles import Accumulator, assemble, fits, from_npy, load_npy
-from shared.metadata import Job, Tile
+from shared.metadata import Job, TileResultRef
 from shared.nats.leases import LeaseOwner
 from shared.objectstore import render_key, sha256_hex
 from shared.service.announce import announce, fail_job
@@ -45,7 +45,7 @@ from shared.service.settle import (
     outcome_of,
     settle,
 )
-from shared.service.tileresults import ResultMissing, committed_result
+from shared.service.tileresults import ResultMissing, committed_result, inline_result
 
 __all__ = ["Finalizer", "ImageCorrupt", "ResultLost"]
 
@@ -279,45 +279,49 @@ class Finalizer:
         rest are read a few at a time (a bound on open requests to the store) and converted
         here.
         """
-        tiles = await self.rt.db.list_tiles(job.job_id)
+        tiles = await self.rt.db.result_refs(job.job_id)
         inline = await self.rt.db.tile_results(job.job_id)
         ahead = self._take_held(job.job_id)
         gate = asyncio.Semaphore(_READS_IN_FLIGHT)
         kind = (job.spp, _display_referred(job))
         lost: dict[int, str] = {}
         parts: list[tuple[Rect, Accumulator | Images]] = []
-        to_read: list[tuple[Tile, Rect]] = []
+        to_read: list[TileResultRef] = []
         for t in tiles:
             held = ahead.get(t.tile_index)
-            rect = t.rect
             if (
                 held is not None
                 and (held.key, held.sha256) == (t.result_key, t.result_sha256)
-                and fits(held.acc, rect)
+                and fits(held.acc, t.rect)
             ):
                 # read ahead, and it is what the row names
                 images = held.images
                 fresh = images is not None and (images.samples, images.display_referred) == kind
-                parts.append((rect, images if fresh and images is not None else held.acc))
-            else:
-                to_read.append((t, rect))
+                parts.append((t.rect, images if fresh and images is not None else held.acc))
+            elif t.result_key:
+                to_read.append(t)
+            else:  # inline: no task per tile (an 8x8-tiled frame has thousands)
+                try:
+                    parts.append((t.rect, from_npy(inline_result(t, inline), t.rect)))
+                except ResultMissing as exc:
+                    lost[t.tile_index] = str(exc)
 
-        async def part(t: Tile, rect: Rect) -> None:
+        async def part(t: TileResultRef) -> None:
             try:
                 data = await committed_result(self.rt.store, t, inline, gate)
+                parts.append((t.rect, from_npy(data, t.rect)))
             except ResultMissing as exc:
                 lost[t.tile_index] = str(exc)
-                return
-            parts.append((rect, from_npy(data, rect)))
 
-        await asyncio.gather(*(part(t, rect) for t, rect in to_read))
+        await asyncio.gather(*(part(t) for t in to_read))
         if lost:
             raise ResultLost(lost)
         sources = self.rt.metrics.final_results
-        sources.labels(source="read_ahead").inc(len(tiles) - len(to_read))
-        from_store = sum(1 for t, _ in to_read if t.result_key)
+        from_store = len(to_read)
+        from_inline = sum(1 for t in tiles if not t.result_key)
+        sources.labels(source="read_ahead").inc(len(tiles) - from_store - from_inline)
         sources.labels(source="store").inc(from_store)
-        sources.labels(source="inline").inc(len(to_read) - from_store)
+        sources.labels(source="inline").inc(from_inline)
         return await asyncio.to_thread(_frames, job.width, job.height, kind, parts)
 
     async def _render_again(self, job: Job, attempt_id: str, lost: ResultLost, log: Log) -> None:

@@ -32,6 +32,7 @@ from shared.metadata.models import (
     TileCommit,
     TileCounts,
     TileFence,
+    TileResultRef,
 )
 from shared.metadata.store import MetadataStore
 from shared.metadata.translate import MetadataError
@@ -55,4 +56,5 @@ __all__ = [
     "TileCommit",
     "TileCounts",
     "TileFence",
+    "TileResultRef",
 ]

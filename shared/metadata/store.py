@@ -40,6 +40,7 @@ from shared.metadata.models import (
     TileCommit,
     TileCounts,
     TileFence,
+    TileResultRef,
 )
 from shared.metadata.ops import OpsStore
 
@@ -427,6 +428,10 @@ class MetadataStore(StoreBase):
         return await self._tx(
             "result_lost", lambda c: tiles.result_lost(c, job_id, tile_indexes, who)
         )
+
+    async def result_refs(self, job_id: str) -> list[TileResultRef]:
+        """Where each of the job's tiles' results is (object key or inline), in index order."""
+        return await self._read("result_refs", lambda c: tiles.result_refs(c, job_id))
 
     async def tile_results(self, job_id: str) -> dict[int, tuple[str, bytes]]:
         """The job's inline tile results: ``tile_index -> (sha256, data)``."""

@@ -25,7 +25,7 @@ from shared.core.lifecycle import (
 from shared.metadata import audit, jobs
 from shared.metadata.audit import Conn, Who
 from shared.metadata.dispatch import DISPATCHABLE
-from shared.metadata.models import Tile, TileCounts
+from shared.metadata.models import Tile, TileCounts, TileResultRef
 
 _TERMINAL_TILES = [s.value for s in TERMINAL_TILE_STATES]
 #: jobs whose tiles the dispatcher releases (and the sweeper re-publishes)
@@ -371,6 +371,16 @@ async def unfinalized(conn: Conn, *, older_than: float, limit: int) -> list[tupl
     paused): their tiles-done event was lost. ``completion`` as :func:`completed_by`."""
     rows = await conn.fetch(_UNFINALIZED, _FINALIZABLE, older_than, limit)
     return [(r["job_id"], int(r["completion"])) for r in rows]
+
+
+async def result_refs(conn: Conn, job_id: str) -> list[TileResultRef]:
+    """Where each of the job's tiles' results is, in index order."""
+    rows = await conn.fetch(
+        "SELECT tile_index, x0, y0, x1, y1, result_key, result_sha256 FROM tiles"
+        " WHERE job_id = $1 ORDER BY tile_index",
+        job_id,
+    )
+    return [TileResultRef(r[0], Rect(r[1], r[2], r[3], r[4]), r[5], r[6]) for r in rows]
 
 
 async def inline_results(conn: Conn, job_id: str) -> dict[int, tuple[str, bytes]]:
