@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import io
 import math
+import tokenize
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,9 @@ from shared.core.errors import DecodeError
 Accumulator = npt.NDArray[np.float64]
 
 _NPY_MAGIC = b"\x93NUMPY"
+#: what numpy raises for bytes that are not an .npy array (a mangled header fails to parse
+#: as a Python literal: SyntaxError, or TokenError from its fallback filter)
+_NPY_ERRORS = (ValueError, OSError, EOFError, SyntaxError, tokenize.TokenError)
 
 __all__ = [
     "Accumulator",
@@ -84,7 +88,7 @@ def load_npy(data: bytes) -> Accumulator:
         count = math.prod(shape)
         flat = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
         arr = flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
-    except (ValueError, OSError, EOFError):
+    except _NPY_ERRORS:
         arr = _np_load(data)  # the reason, in numpy's words (or an .npz archive)
     if arr.dtype != np.float64 or arr.ndim != 3 or arr.shape[2] != 3:
         raise DecodeError(f"accumulator has {arr.dtype} {arr.shape}, expected float64 (h, w, 3)")
@@ -95,7 +99,7 @@ def load_npy(data: bytes) -> Accumulator:
 def _np_load(data: bytes) -> np.ndarray:
     try:
         arr = np.load(io.BytesIO(data), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
+    except _NPY_ERRORS as exc:
         raise DecodeError(f"accumulator is not a valid .npy file: {exc}") from exc
     if not isinstance(arr, np.ndarray):  # an .npz archive loads as a lazy NpzFile
         arr.close()
