@@ -320,8 +320,12 @@ def bench_isolated(
     return pipelines, directs, counters, phases
 
 
-def bench_tiny_tiles(stack: Stack, tiles_side: int, workers: int) -> tuple[int, float, Counters]:
-    """(b): tiles/s for a job of tiles_side^2 8x8 tiles at 1 spp on ``workers`` processes."""
+def bench_tiny_tiles(
+    stack: Stack, tiles_side: int, workers: int
+) -> tuple[int, float, Counters, Phases]:
+    """(b): tiles/s for a job of tiles_side^2 8x8 tiles at 1 spp on ``workers`` processes
+    (with the default ``TESSERA_DISPATCH_RUN``, 16 tiles share a TILES message); also the
+    counters and the job's phases."""
     # 64 tiles in hand in all: each worker holds twice its kernel threads
     env = {"TESSERA_NAMESPACE": f"benchB{workers}", "TESSERA_WORKER_SLOTS": str(32 // workers)}
     procs = with_services(stack, env, workers=workers)
@@ -335,9 +339,10 @@ def bench_tiny_tiles(stack: Stack, tiles_side: int, workers: int) -> tuple[int, 
                             tile_size=8, seed=1)  # fmt: skip
         seconds, status, counters = asyncio.run(timed_job(stack.env() | env, req, stack, procs))
         assert status["state"] == "completed", status
+        phases = asyncio.run(job_phases(stack.postgres.dsn, str(status["job_id"])))
     finally:
         procs.stop_all()
-    return tiles_side * tiles_side, seconds, _checked(counters)
+    return tiles_side * tiles_side, seconds, _checked(counters), phases
 
 
 def _per_tile_line(counters: list[Counters], tiles: int) -> str:
@@ -486,11 +491,15 @@ def main() -> None:
             summary.append(_phases_summary("(a')", phases, counters, directs))
         if "b" not in skip:
             for workers in sorted({1, 2, CORES}):
-                tiles, secs, tc = bench_tiny_tiles(stack, args.tiny_side, workers)
+                tiles, secs, tc, ph = bench_tiny_tiles(stack, args.tiny_side, workers)
                 print(
                     f"(b) {tiles} tiles of 8x8 at 1 spp, {workers} worker process(es) holding "
-                    f"{64 // workers} tiles each: {secs:.2f} s = {tiles / secs:.0f} tiles/s"
+                    f"{64 // workers} messages each: {secs:.2f} s = {tiles / secs:.0f} tiles/s"
                     + (f" (target >= {TARGET_TILES_PER_S:,})" if workers == 2 else "")
+                )
+                print(
+                    f"    submit to first tile {1000 * ph.lead:.0f} ms, render span "
+                    f"{ph.span:.3f} s, last tile to completed {1000 * ph.tail:.0f} ms"
                 )
                 print(f"    per tile: {_per_tile_line([tc], tiles)}")
                 print(f"    coordination core-ms per tile by process: {_by_process(tc, tiles)}")

@@ -46,6 +46,7 @@ import dataclasses
 import re
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
@@ -55,6 +56,7 @@ from proto import names as n
 from proto.names import TOKEN_RE, EventKind
 from shared.core.errors import DecodeError
 from shared.core.fields import field_names
+from shared.core.runs import MAX_RUN
 
 MAX_MESSAGE_BYTES = 64 * 1024
 MAX_STR = 1024
@@ -69,6 +71,10 @@ class Message:
     """Base of every internal message: ``encode()`` and a strict ``decode()``."""
 
     VERSION: ClassVar[int] = 1
+    #: fields left out of the body while they hold this default (their dataclass default): a
+    #: field added later, so a message that does not use it is the bytes a reader from before
+    #: it accepts
+    OMITTED_AT_DEFAULT: ClassVar[Mapping[str, object]] = {}
 
     def headers(self) -> dict[str, str]:
         """Readable NATS headers naming this message (``Tessera-Kind``, ``Tessera-Job``, ...)."""
@@ -81,6 +87,8 @@ class Message:
         body: dict[str, Any] = {"v": self.VERSION}
         for name in field_names(type(self)):
             value = getattr(self, name)
+            if name in self.OMITTED_AT_DEFAULT and value == self.OMITTED_AT_DEFAULT[name]:
+                continue
             body[name] = value.value if isinstance(value, EventKind) else value
         packed: bytes = msgpack.packb(body, use_bin_type=True)
         return packed
@@ -203,15 +211,39 @@ class TileMessage(Message):
     job_id: str
     tile_index: int
     generation: int = 0
+    #: tiles the message carries: ``tile_index`` and the ``run - 1`` indexes after it, all at
+    #: ``generation`` (a run of tiny tiles shares one message; see docs/architecture.md)
+    run: int = 1
+
+    OMITTED_AT_DEFAULT: ClassVar[Mapping[str, object]] = {"run": 1}
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.run <= MAX_RUN:
+            raise ValueError(f"run {self.run} is outside 1..{MAX_RUN}")
+
+    @property
+    def tiles(self) -> range:
+        """The tile indexes the message carries."""
+        return range(self.tile_index, self.tile_index + self.run)
+
+    def single(self, tile_index: int) -> TileMessage:
+        """The message of one of the tiles this one carries."""
+        if tile_index not in self.tiles:
+            raise ValueError(f"tile {tile_index} is not in the run {self.tiles}")
+        return TileMessage(self.job_id, tile_index, self.generation)
 
     def headers(self) -> dict[str, str]:
-        """Kind ``tile``, job id, tile index and generation."""
-        return {
+        """Kind ``tile``, job id, tile index and generation (and ``Tessera-Run`` for a run of
+        several tiles)."""
+        headers = {
             n.HDR_KIND: n.KIND_TILE,
             n.HDR_JOB: header_value(self.job_id),
             n.HDR_TILE: header_value(self.tile_index),
             n.HDR_GENERATION: header_value(self.generation),
         }
+        if self.run > 1:
+            headers[n.HDR_RUN] = header_value(self.run)
+        return headers
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,6 +75,8 @@ HDR_TILE = "Tessera-Tile"
 """Header: the tile index (tile messages, tile-done events, dead letters of a tile)."""
 HDR_GENERATION = "Tessera-Generation"
 """Header: the job or tile generation (JOBS, TILES, job events)."""
+HDR_RUN = "Tessera-Run"
+"""Header: how many tiles a TILES message carries, when more than one (a run)."""
 HDR_ATTEMPT = "Tessera-Attempt"
 """Header: the attempt whose result a tile-done event reports."""
 HDR_UNIT = "Tessera-Unit"
@@ -174,7 +176,7 @@ def job_of_tile_subject(subject: str) -> str | None:
     For a message whose body cannot be decoded: its dead letter still names the job.
     """
     parts = subject.split(".")
-    if len(parts) < 4 or not parts[-1].isdigit():
+    if len(parts) < 4 or _indexes(parts[-1]) is None:
         return None
     current = len(parts) >= 5 and parts[-5:-3] == ["tessera", "tiles"]
     if not (current or parts[-4:-2] == ["tessera", "tiles"]):
@@ -184,11 +186,30 @@ def job_of_tile_subject(subject: str) -> str | None:
 
 
 def tile_of_subject(subject: str) -> tuple[str, int] | None:
-    """``(job, tile index)`` of a ``TILES`` subject of the current form, or ``None``."""
+    """``(job, tile index)`` of a one-tile ``TILES`` subject of the current form, or ``None``."""
     parts = subject.split(".")
     if len(parts) >= 5 and parts[-5:-3] == ["tessera", "tiles"] and parts[-1].isdigit():
         return parts[-2], int(parts[-1])
     return None
+
+
+def tiles_of_subject(subject: str) -> tuple[str, range] | None:
+    """``(job, tile indexes)`` of a ``TILES`` subject of the current form, one tile's
+    (``...<job>.<i>``) or a run's (``...<job>.<first>-<last>``), or ``None``."""
+    parts = subject.split(".")
+    if len(parts) < 5 or parts[-5:-3] != ["tessera", "tiles"]:
+        return None
+    indexes = _indexes(parts[-1])
+    return None if indexes is None else (parts[-2], indexes)
+
+
+def _indexes(token: str) -> range | None:
+    """The tiles a subject's last token names: ``<i>`` or ``<first>-<last>``."""
+    first, dash, last = token.partition("-")
+    if not first.isdigit() or (dash and not last.isdigit()):
+        return None
+    end = int(last) if dash else int(first)
+    return range(int(first), end + 1) if end >= int(first) else None
 
 
 def check_token(value: str, what: str) -> str:
@@ -240,10 +261,17 @@ def swept_job_msg_id(job_id: str, generation: int, stamp: int) -> str:
     return f"{job_msg_id(job_id, generation)}:swept:{check_index(stamp, 'stamp')}"
 
 
-def tile_msg_id(job_id: str, tile_index: int, generation: int) -> str:
-    """``Nats-Msg-Id`` of a ``TILES`` message; the sweeper re-publishes with a new generation."""
+def tile_msg_id(job_id: str, tile_index: int, generation: int, run: int = 1) -> str:
+    """``Nats-Msg-Id`` of a ``TILES`` message; the sweeper re-publishes with a new generation.
+
+    A message carrying a run of ``run`` tiles from ``tile_index`` ends in ``:<run>``: the same
+    tiles under the same generation are always the same message.
+    """
     job = check_token(job_id, "job_id")
-    return f"tile:{job}:{check_index(tile_index, 'tile_index')}:{check_index(generation, 'gen')}"
+    msg_id = f"tile:{job}:{check_index(tile_index, 'tile_index')}:{check_index(generation, 'gen')}"
+    if isinstance(run, bool) or not isinstance(run, int) or run < 1:
+        raise ValidationError(f"run: {run!r} is not a positive integer")
+    return msg_id if run == 1 else f"{msg_id}:{run}"
 
 
 def done_msg_id(job_id: str, tile_index: int, fence: int) -> str:
@@ -383,10 +411,17 @@ class Names:
         """Subject of a job's ``JOBS`` message."""
         return self._subject(f"tessera.jobs.{check_token(job_id, 'job_id')}")
 
-    def tile_subject(self, job_id: str, tile_index: int, renderer: str = RENDERER_TESSERA) -> str:
-        """Subject of one tile's ``TILES`` message: ``tessera.tiles.<renderer>.<job>.<i>``."""
+    def tile_subject(
+        self, job_id: str, tile_index: int, renderer: str = RENDERER_TESSERA, run: int = 1
+    ) -> str:
+        """Subject of one tile's ``TILES`` message: ``tessera.tiles.<renderer>.<job>.<i>``; of a
+        run of ``run`` tiles from ``tile_index``: ``...<job>.<first>-<last>``."""
         job, r = check_token(job_id, "job_id"), check_token(renderer, "renderer")
-        return self._subject(f"tessera.tiles.{r}.{job}.{check_index(tile_index, 'tile_index')}")
+        first = check_index(tile_index, "tile_index")
+        if isinstance(run, bool) or not isinstance(run, int) or run < 1:
+            raise ValidationError(f"run: {run!r} is not a positive integer")
+        tiles = str(first) if run == 1 else f"{first}-{first + run - 1}"
+        return self._subject(f"tessera.tiles.{r}.{job}.{tiles}")
 
     def tile_subjects_of(self, job_id: str) -> str:
         """Wildcard over one job's ``TILES`` subjects, whatever its renderer (the sweeper's

@@ -49,8 +49,9 @@ message streams' window)."""
 DESCRIPTIONS: dict[str, str] = {
     n.STREAM_JOBS: "Tessera jobs to plan: one msgpack JobMessage per job generation "
     "(headers Tessera-Kind/Job/Generation). Read by the scheduler (consumer scheduler-jobs).",
-    n.STREAM_TILES: "Tessera tiles to render: one msgpack TileMessage per tile and generation "
-    "(headers Tessera-Kind/Job/Tile/Generation). Read by the workers (consumer workers).",
+    n.STREAM_TILES: "Tessera tiles to render: one msgpack TileMessage per tile, or per run of "
+    "tiny tiles, and generation (headers Tessera-Kind/Job/Tile/Generation, Tessera-Run for a "
+    "run). Read by the workers (consumer workers).",
     n.STREAM_EVENTS: "Tessera facts, subject <job>.<kind>: msgpack TileDone (tile-done), "
     "TilesDone (tiles-done) and JobEvent (job-completed, job-failed, ...), Tessera-Kind header = "
     "kind. tiles-done is read by the finalizer (consumer finalizer); tile-done and job events "

@@ -172,9 +172,13 @@ class Sweeper:
             self.rt.js, self.stream, names.tile_subjects_of(job_id), timeout_total=READ_TIMEOUT
         )
         if listed is not None:
-            indexes = {i for (j, i) in filter(None, map(n.tile_of_subject, listed)) if j == job_id}
+            # (a run's message names its tiles: ``<first>-<last>``)
+            listed_tiles = filter(None, map(n.tiles_of_subject, listed))
+            indexes = {i for (j, run) in listed_tiles if j == job_id for i in run}
             return {t.tile_index for t in tiles if t.tile_index in indexes}
-        # The listing was cut short (a huge backlog): ask per tile.
+        # The listing was cut short (a huge backlog): ask per tile. (A tile that went out in a
+        # run has no subject of its own: it looks lost and is re-published alone, under the next
+        # generation, which makes the run's copy of it superseded — a publish more, no loss.)
         gate = asyncio.Semaphore(_JOB_READS)
         job = await self.rt.db.get_job(job_id)
         renderer = n.RENDERER_TESSERA if job is None else job.renderer

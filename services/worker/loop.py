@@ -15,13 +15,13 @@ from collections import OrderedDict
 from nats.aio.msg import Msg
 
 from proto import names as n
-from services.worker import renderers
+from proto.messages import TileMessage
+from services.worker import renderers, run
 from services.worker.context import JobCache, NatsTileEvents, StopView, TileContext, Wakers
 from services.worker.kernels import KernelThreads
 from services.worker.presence import Presence
 from services.worker.renderers.tessera import TesseraKernel
 from services.worker.scenes import AssetSource, SceneCache
-from services.worker.tile import TileRun
 from shared.metadata import Job
 from shared.service.consume import consume_many
 from shared.service.runtime import Runtime
@@ -65,8 +65,8 @@ class Worker:
         #: tile runs waiting mid-pass for news of their job
         self.wakers = Wakers()
         self.jobs = JobCache(rt.db, config.job_cache)
-        #: subjects of the TILES messages in hand (``tessera top`` shows their tiles)
-        self.current: dict[int, str] = {}
+        #: the tiles of the TILES messages in hand, once decoded (``tessera top`` shows them)
+        self.current: dict[int, TileMessage] = {}
         self.presence = Presence(
             rt,
             threads=self.slots,
@@ -144,19 +144,18 @@ class Worker:
 
     async def handle(self, msg: Msg) -> None:
         """One delivery."""
-        self.current[id(msg)] = msg.subject
+
+        def holding(message: TileMessage) -> None:
+            self.current[id(msg)] = message
+
         try:
-            await TileRun(self.context, Delivery.of(self.rt, msg)).run()
+            await run.handle(self.context, Delivery.of(self.rt, msg), holding)
         finally:
             self.current.pop(id(msg), None)
 
     def _current_tiles(self) -> list[list[object]]:
         """``[job_id, tile_index]`` of the messages in hand."""
-        pairs: list[tuple[str, int]] = []
-        for subject in list(self.current.values()):
-            job_id = n.job_of_tile_subject(subject)
-            if job_id is not None:
-                pairs.append((job_id, int(subject.rsplit(".", 1)[1])))
+        pairs = [(m.job_id, i) for m in list(self.current.values()) for i in m.tiles]
         return [[job_id, index] for job_id, index in sorted(pairs)]
 
     async def job(self, job_id: str) -> Job | None:

@@ -72,9 +72,13 @@ _CUT = "grace_expired", "the worker stopped before the attempt ended (drain grac
 class TileRun:
     """Processes one TILES delivery."""
 
-    def __init__(self, ctx: TileContext, delivery: Delivery) -> None:
+    def __init__(
+        self, ctx: TileContext, delivery: Delivery, message: TileMessage | None = None
+    ) -> None:
         self.ctx = ctx
         self.delivery = delivery
+        #: the tile, when the caller decoded it (one tile of a run); else the body is decoded
+        self.message = message
         self.attempt_id = n.new_attempt_id()
         self.log = ctx.log.bind(attempt_id=self.attempt_id)
         self.token: int | None = None  # our fencing token once the tile row is fenced
@@ -86,6 +90,10 @@ class TileRun:
     async def run(self) -> None:
         """Process the delivery and settle the message exactly once."""
         await settle(self.delivery, await self.outcome())
+        self.settled()
+
+    def settled(self) -> None:
+        """Count and log a tile this run committed, once its message is settled."""
         if self.committed is not None:  # counted once acked, as a tile of this worker
             self.ctx.metrics.tiles_completed.inc()
             self.ctx.metrics.tile_seconds.observe(time.monotonic() - self.started)
@@ -94,12 +102,15 @@ class TileRun:
 
     async def outcome(self) -> Outcome:
         """Every step up to the settle: what to do with the message."""
-        try:
-            tm = TileMessage.decode(self.delivery.data)
-        except DecodeError as exc:
-            # the body is garbage, but its subject still names the job
-            job_id = n.job_of_tile_subject(self.delivery.subject)
-            return DeadLetter(job_id, n.DLQ_UNIT_JOB, exc)
+        if self.message is not None:
+            tm = self.message
+        else:
+            try:
+                tm = TileMessage.decode(self.delivery.data)
+            except DecodeError as exc:
+                # the body is garbage, but its subject still names the job
+                job_id = n.job_of_tile_subject(self.delivery.subject)
+                return DeadLetter(job_id, n.DLQ_UNIT_JOB, exc)
         self.log = self.log.bind(job_id=tm.job_id, tile=tm.tile_index)
         try:
             return await self._process(tm)

@@ -28,6 +28,7 @@ POINTS = frozenset(
         "worker.before_copy_release",  # a copy with nothing to render settled, its lease held
         "worker.blender_mid_pass",  # Blender is rendering a pass (request sent, no reply yet)
         "worker.before_ack",  # tile-done (and tiles-done) published, message not yet acked
+        "worker.before_run_settle",  # every tile of a run has its outcome, the message unsettled
         "worker.after_pause_checkpoint",  # paused job: checkpoint written, tile still leased
         "worker.before_unrelease",  # paused job: about to hand the tile back unreleased
         "finalizer.after_finalizing",  # job moved to finalizing, nothing written yet
@@ -35,7 +36,7 @@ POINTS = frozenset(
         "finalizer.after_complete",  # job completed, tiles-done not yet acked
         "scheduler.after_plan",  # tile rows written (unreleased), the dispatcher not yet woken
         "scheduler.after_release",  # tiles released (rows stamped), none of them published
-        "scheduler.mid_publish",  # half of a release's tiles published, the rest not
+        "scheduler.mid_publish",  # half of a release's messages published, the rest not
     }
 )
 

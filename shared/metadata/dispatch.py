@@ -59,6 +59,8 @@ class Released:
     windows: dict[str, int] = field(default_factory=dict)
     #: job_id -> renderer of the jobs released from
     renderers: dict[str, str] = field(default_factory=dict)
+    #: job_id -> samples per pixel of the jobs released from (how tiny their tiles are)
+    spp: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,8 @@ class _Standing:
     waiting: list[Waiting]
     #: project -> ``(weight, max_in_flight)`` of the waiting jobs' configured projects
     settings: dict[str, tuple[float, int | None]]
+    #: job_id -> samples per pixel of the waiting jobs
+    spp: dict[str, int]
 
 
 #: the in-flight counts, the waiting jobs and their projects' settings, one statement: a round
@@ -87,7 +91,7 @@ WITH held AS (
   GROUP BY j.renderer, j.project
 ), waiting AS (
   SELECT * FROM (
-    SELECT j.job_id, j.project, j.priority, j.created_at, j.renderer,
+    SELECT j.job_id, j.project, j.priority, j.created_at, j.renderer, j.spp,
            (SELECT count(*) FROM (
               SELECT 1 FROM tiles t
               WHERE t.job_id = j.job_id AND t.published_at IS NULL AND t.state = '{_QUEUED}'
@@ -98,11 +102,12 @@ WITH held AS (
 )
 SELECT NULL::text AS job_id, h.project, NULL::integer AS priority,
        NULL::timestamptz AS created_at, h.renderer, h.n, h.unstarted,
-       NULL::double precision AS weight, NULL::integer AS max_in_flight, false AS configured
+       NULL::double precision AS weight, NULL::integer AS max_in_flight, false AS configured,
+       NULL::integer AS spp
 FROM held h
 UNION ALL
 SELECT w.job_id, w.project, w.priority, w.created_at, w.renderer, w.waiting, 0,
-       p.weight, p.max_in_flight, p.name IS NOT NULL
+       p.weight, p.max_in_flight, p.name IS NOT NULL, w.spp
 FROM waiting w LEFT JOIN projects p ON p.name = w.project
 """
 
@@ -115,15 +120,17 @@ async def _standing(conn: Conn, renderers: list[str], cap: int) -> _Standing:
     held: list[tuple[str, str, int, int]] = []
     waiting: list[Waiting] = []
     settings: dict[str, tuple[float, int | None]] = {}
+    spp: dict[str, int] = {}
     for r in rows:
         if r["job_id"] is None:
             held.append((r["renderer"], r["project"], int(r["n"]), int(r["unstarted"])))
             continue
         waiting.append(Waiting(r["job_id"], r["project"], r["priority"], r["created_at"],
                                r["renderer"], int(r["n"])))  # fmt: skip
+        spp[r["job_id"]] = int(r["spp"])
         if r["configured"]:
             settings[r["project"]] = (float(r["weight"]), r["max_in_flight"])
-    return _Standing(held, waiting, settings)
+    return _Standing(held, waiting, settings, spp)
 
 
 async def _usage(conn: Conn, projects: list[str], window: float) -> tuple[dict[str, float], float]:
@@ -233,7 +240,8 @@ async def release(
     picks = plan_release(waiting, budgets, projects, estimate, limit=limit)
     tiles = await _stamp(conn, picks) if picks else []
     renderers = {w.job_id: w.renderer for w in waiting if w.job_id in picks}
-    return Released(tiles=tiles, windows=windows, renderers=renderers)
+    spp = {job_id: standing.spp[job_id] for job_id in renderers}
+    return Released(tiles=tiles, windows=windows, renderers=renderers, spp=spp)
 
 
 async def unreleased(conn: Conn) -> int:

@@ -5,11 +5,12 @@ requeue (:func:`publish_tiles`, which stamps ``published_at`` around the publish
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from proto import names as n
 from proto.messages import TileMessage
 from shared.core import crash
+from shared.core.runs import runs
 from shared.metadata import Tile
 from shared.nats.jetstream import publish
 from shared.service.runtime import Runtime
@@ -45,36 +46,50 @@ async def publish_tiles(
             await rt.db.mark_published(job_id, indexes, gen)
 
     await stamp()
-    await _publish(rt, tiles, renderer_of)
+    await _publish(rt, [[t] for t in tiles], renderer_of)
     await stamp()
 
 
-async def publish_released(rt: Runtime, tiles: list[Tile], renderers: Mapping[str, str]) -> None:
+async def publish_released(
+    rt: Runtime,
+    tiles: list[Tile],
+    renderers: Mapping[str, str],
+    run_length: Mapping[str, int] | None = None,
+) -> None:
     """Publish the TILES messages of tiles the dispatcher just released (their rows carry the
     new generation and ``published_at`` already; ``renderers`` maps their jobs to renderers),
-    concurrently; the crash point ``scheduler.mid_publish`` sits after the first half."""
-    half = len(tiles) // 2
-    await _publish(rt, tiles[:half], renderers)
+    concurrently; the crash point ``scheduler.mid_publish`` sits after the first half.
+
+    ``run_length`` maps a job to the most tiles one of its messages carries (a run of
+    consecutive tiles under one generation, :func:`shared.core.runs.runs`); a job it does not
+    name sends one message per tile.
+    """
+    grouped = runs(tiles, run_length or {})
+    half = len(grouped) // 2
+    await _publish(rt, grouped[:half], renderers)
     crash.crash_point("scheduler.mid_publish")
-    await _publish(rt, tiles[half:], renderers)
+    await _publish(rt, grouped[half:], renderers)
 
 
-async def _publish(rt: Runtime, tiles: list[Tile], renderer_of: Mapping[str, str]) -> None:
-    """Each tile's message under ``tile:<job>:<i>:<gen>`` on its renderer's subject, at most 256
-    in flight."""
+async def _publish(
+    rt: Runtime, grouped: Sequence[Sequence[Tile]], renderer_of: Mapping[str, str]
+) -> None:
+    """Each run's message under ``tile:<job>:<i>:<gen>[:<run>]`` on its renderer's subject
+    (``...<job>.<i>``, a run's ``...<job>.<first>-<last>``), at most 256 in flight."""
     gate = asyncio.Semaphore(_PUBLISH_CONCURRENCY)
     names = rt.names
 
-    async def one(tile: Tile) -> None:
-        gen = tile.generation
-        message = TileMessage(tile.job_id, tile.tile_index, gen)
+    async def one(run: Sequence[Tile]) -> None:
+        first = run[0]
+        job_id, index, gen = first.job_id, first.tile_index, first.generation
+        message = TileMessage(job_id, index, gen, len(run))
         async with gate:
             ack = await publish(
                 rt.js,
-                names.tile_subject(tile.job_id, tile.tile_index, renderer_of[tile.job_id]),
+                names.tile_subject(job_id, index, renderer_of[job_id], len(run)),
                 message,
-                msg_id=n.tile_msg_id(tile.job_id, tile.tile_index, gen),
+                msg_id=n.tile_msg_id(job_id, index, gen, len(run)),
             )
         rt.metrics.published(ack)
 
-    await asyncio.gather(*(one(t) for t in tiles))
+    await asyncio.gather(*(one(run) for run in grouped))

@@ -32,8 +32,8 @@ it, and the message comes back after ``ack_wait``.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, replace
 
 import nats.errors
 from nats.aio.msg import Msg
@@ -56,6 +56,7 @@ __all__ = [
     "Leave",
     "Outcome",
     "Retry",
+    "combine",
     "outcome_of",
     "settle",
 ]
@@ -213,6 +214,41 @@ async def settle(delivery: Delivery, outcome: Outcome) -> None:
             await delivery.term(outcome)
         case Leave():
             pass
+
+
+def combine(outcomes: Sequence[Outcome]) -> Outcome:
+    """The one outcome of a message that carried several units (a run of tiles), from each
+    unit's own, strongest first:
+
+    - a :class:`DeadLetter` (the first; its ``record`` runs every dead letter's): the job fails
+      for good whatever the other tiles did, so the message is copied and terminated;
+    - a :class:`Leave` (the first): another owner holds a tile under a copy of this message,
+      whose fate is theirs — settling it here would settle their copy too;
+    - a :class:`Retry`, with the longest delay: every tile waits at least its own backoff (a
+      done tile of the run is found done on the redelivery);
+    - :data:`HAND_BACK`: the drain gives the message back at once;
+    - an :class:`Ack`, confirmed if any unit asked for a confirmed one.
+    """
+    letters = [o for o in outcomes if isinstance(o, DeadLetter)]
+    if letters:
+        records = [letter.record for letter in letters if letter.record is not None]
+        if len(records) <= 1:
+            return replace(letters[0], record=records[0] if records else None)
+
+        async def record_all() -> None:
+            for record in records:
+                await record()
+
+        return replace(letters[0], record=record_all)
+    for o in outcomes:
+        if isinstance(o, Leave):
+            return o
+    retries = [o for o in outcomes if isinstance(o, Retry)]
+    if retries:
+        return max(retries, key=lambda r: r.delay)
+    if any(isinstance(o, HandBack) for o in outcomes):
+        return HAND_BACK
+    return ACK if any(isinstance(o, Ack) and o.confirm for o in outcomes) else ACK_RECORDED
 
 
 def outcome_of(

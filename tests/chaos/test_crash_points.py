@@ -41,6 +41,8 @@ CASES: dict[str, tuple[int, dict[str, str], dict[str, Any]]] = {
     "worker.after_result_write": (1, {}, {}),
     "worker.after_commit": (1, {}, {}),
     "worker.before_ack": (1, {}, {}),
+    # the tiny job's 4 tiles in one message (a run): every tile settled, the message not
+    "worker.before_run_settle": (1, {"TESSERA_DISPATCH_RUN_WORK": "65536"}, {}),
     # reached once per job, by the commit that completes it: the unacked message comes back,
     # finds the tile done and announces the completion (nothing else would finalize the job)
     "worker.before_tiles_done": (1, {}, {}),
@@ -83,9 +85,28 @@ def test_every_point_has_a_scenario() -> None:
         assert f"def {test}(" in source and point in source, f"{point}: {node} is not there"
 
 
-@pytest.mark.parametrize("point", sorted(CASES))
-async def test_crash_point(point: str, chaos_env: dict[str, str], tmp_path: Path) -> None:
-    nth, extra, overrides = CASES[point]
+#: points of a tile's own steps, reached again with the tiny job's 4 tiles in one message (a
+#: run): the first tile to get there kills the worker while the other three are mid-way, and the
+#: redelivered run renders what is not done
+RUN_CASES = {
+    point: (nth, extra | {"TESSERA_DISPATCH_RUN_WORK": "65536"}, overrides)
+    for point, (nth, extra, overrides) in CASES.items()
+    if point in ("worker.after_lease", "worker.after_commit", "worker.before_ack")
+}
+
+
+@pytest.mark.parametrize(
+    ("point", "case"),
+    [*((p, CASES[p]) for p in sorted(CASES)), *((p, RUN_CASES[p]) for p in sorted(RUN_CASES))],
+    ids=[*sorted(CASES), *(f"{p}-in-a-run" for p in sorted(RUN_CASES))],
+)
+async def test_crash_point(
+    point: str,
+    case: tuple[int, dict[str, str], dict[str, Any]],
+    chaos_env: dict[str, str],
+    tmp_path: Path,
+) -> None:
+    nth, extra, overrides = case
     body = tiny(**overrides)
     armed = {"TESSERA_CRASH_AT": f"{point}:{nth}"}
     service = point.split(".")[0]
@@ -111,3 +132,6 @@ async def test_crash_point(point: str, chaos_env: dict[str, str], tmp_path: Path
         report.assert_ok()
         if point in ("worker.after_checkpoint", "worker.before_pointer"):
             assert report.resumes >= 1, "a tile with a checkpoint resumed from it"
+        if "TESSERA_DISPATCH_RUN_WORK" in extra:
+            runs = {line.get("run") for line in rig.log_lines("worker") if "run" in line}
+            assert runs == {4}, "the job's 4 tiles went out as one run"

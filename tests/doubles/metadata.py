@@ -328,8 +328,9 @@ class MemoryMetadata:
                                                     published_at=_now()))  # fmt: skip
                 self.tiles[job_id, t.tile_index] = released[-1]
         renderers = {w.job_id: w.renderer for w in waiting if w.job_id in picks}
+        spp = {job_id: self.jobs[job_id].spp for job_id in renderers}
         return Released(sorted(released, key=lambda t: (t.job_id, t.tile_index)), windows,
-                        renderers)  # fmt: skip
+                        renderers, spp)  # fmt: skip
 
     def _unreleased(self, job_id: str) -> list[Tile]:
         return sorted((t for (j, _), t in self.tiles.items() if j == job_id

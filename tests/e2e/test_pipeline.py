@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 from nats.aio.client import Client as NATS
@@ -12,6 +13,7 @@ from proto.messages import TileMessage
 from services.client.api import TesseraClient
 from shared.core.config import Settings
 from shared.core.lifecycle import JobTrigger
+from shared.core.runs import run_length
 from shared.metadata import MetadataStore
 from shared.objectstore import DirectoryStore, ObjectStore
 from tests.e2e.conftest import reference_png
@@ -208,25 +210,37 @@ async def test_sweeper_republishes_a_deleted_tile_message(
     # A live worker as the dispatcher sees one (6 threads: a window of 12), that renders nothing.
     await announce_idle_worker(js, names)
     body = request()
+    # 16 px tiles at 8 spp are tiny: they go out in runs of two tiles per message
+    dispatch = e2e_settings.scheduler
+    run = run_length(body["spp"], 16 * 16, most=dispatch.dispatch_run,
+                     work=dispatch.dispatch_run_work)  # fmt: skip
+    assert run == 2
     reply = await submit(client, body)
     job_id = reply["job_id"]
 
-    async def published() -> bool:
-        info = await js.stream_info(stream)
-        return info.state.messages == 12
+    def published(count: int) -> Callable[[], Awaitable[bool]]:
+        async def check() -> bool:
+            return (await js.stream_info(stream)).state.messages == count
 
-    await eventually(published, timeout=30, what="all 12 tiles published")
-    lost = await js.get_last_msg(stream, names.tile_subject(job_id, 5))
+        return check
+
+    await eventually(published(6), timeout=30, what="all 12 tiles published, 6 runs")
+    lost = await js.get_last_msg(stream, names.tile_subject(job_id, 4, run=2))
     assert lost.seq is not None
     await js.delete_msg(stream, lost.seq)
 
     async def republished() -> bool:
-        tile = await db.get_tile(job_id, 5)
-        return tile is not None and tile.generation == 2  # released as 1, swept as 2
+        tiles = [await db.get_tile(job_id, i) for i in (4, 5)]
+        # released as 1, swept as 2
+        return all(t is not None and t.generation == 2 for t in tiles)
 
-    await eventually(republished, timeout=30, what="the sweeper re-publishes tile 5")
-    # (the sweeper stamps the row first, then publishes: the message lands just after)
-    await eventually(published, timeout=30, what="tile 5's message is back: 12 again")
+    await eventually(republished, timeout=30, what="the sweeper re-publishes tiles 4 and 5")
+    # (the sweeper stamps the rows first, then publishes, each tile alone: the messages land
+    # just after)
+    await eventually(published(7), timeout=30, what="tiles 4 and 5 back, one message each")
+    for i in (4, 5):
+        again = await js.get_last_msg(stream, names.tile_subject(job_id, i))
+        assert TileMessage.decode(again.data or b"") == TileMessage(job_id, i, 2)
     services.start("worker", name="worker-1")
     status = await settle(client, job_id, services)
     assert await result_bytes(objects, status) == reference_png(body)

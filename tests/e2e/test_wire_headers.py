@@ -38,7 +38,8 @@ async def test_pipeline_messages_carry_kind_job_and_tile_headers(
     def kinds() -> list[str]:
         return sorted((m.headers or {}).get(n.HDR_KIND, "?") for m in by_id.values())
 
-    expected = ["job", "job-completed", *["tile"] * 4, *["tile-done"] * 4, "tiles-done"]
+    # the 4 tiles (16 px at 2 spp) are tiny: one message carries them as a run
+    expected = ["job", "job-completed", "tile", *["tile-done"] * 4, "tiles-done"]
     await eventually(lambda: kinds() == expected, timeout=10, what=f"messages ({kinds()})")
     for sub in subs:
         await sub.unsubscribe()
@@ -56,8 +57,9 @@ async def test_pipeline_messages_carry_kind_job_and_tile_headers(
             assert headers[n.HDR_GENERATION] == "0"
         elif kind == "tile":
             body = TileMessage.decode(msg.data)
-            assert msg.subject == names.tile_subject(job, body.tile_index)
-            tiles_seen[kind].add(headers[n.HDR_TILE])
+            assert msg.subject == names.tile_subject(job, body.tile_index, run=body.run)
+            assert (headers[n.HDR_TILE], headers[n.HDR_RUN]) == ("0", "4")
+            tiles_seen[kind].update(str(i) for i in body.tiles)
         elif kind == "tile-done":
             body = TileDone.decode(msg.data)
             assert headers[n.HDR_ATTEMPT] == body.attempt_id

@@ -23,6 +23,7 @@ from proto.messages import (
 )
 from proto.names import EventKind
 from shared.core.errors import DecodeError
+from shared.core.runs import MAX_RUN
 
 from .strategies import indices, msgpack_values, mutated_maps, packed, tokens
 
@@ -34,7 +35,7 @@ job_kinds = st.sampled_from(
 
 MESSAGES: dict[type[Message], st.SearchStrategy[Any]] = {
     JobMessage: st.builds(JobMessage, tokens, indices),
-    TileMessage: st.builds(TileMessage, tokens, indices, indices),
+    TileMessage: st.builds(TileMessage, tokens, indices, indices, st.integers(1, MAX_RUN)),
     TileDone: st.builds(TileDone, tokens, indices, tokens, text, text),
     TilesDone: st.builds(TilesDone, tokens, indices),
     JobEvent: st.builds(JobEvent, tokens, job_kinds, indices, text, st.none() | text),
@@ -68,9 +69,12 @@ def test_round_trip(schema: type[Message], data: st.DataObject) -> None:
     encoded = message.encode()
     assert schema.decode(encoded) == message
     assert msgpack.unpackb(encoded)["v"] == schema.VERSION
-    # the wire bytes: "v" first, then every field in declaration order, enums by value
+    # the wire bytes: "v" first, then every field in declaration order, enums by value; a
+    # field added later is left out while it holds its default
+    omitted = schema.OMITTED_AT_DEFAULT
     fields = {k: v.value if isinstance(v, EventKind) else v
-              for k, v in dataclasses.asdict(message).items()}  # fmt: skip
+              for k, v in dataclasses.asdict(message).items()
+              if k not in omitted or v != omitted[k]}  # fmt: skip
     assert encoded == msgpack.packb({"v": schema.VERSION, **fields}, use_bin_type=True)
 
 
@@ -194,3 +198,24 @@ def test_header_value_replaces_what_a_header_cannot_carry() -> None:
     assert header_value("a b\r\nc") == "a_b_c"
     assert header_value("") == "-"
     assert len(header_value("x" * 500)) == 128
+
+
+def test_a_single_tile_message_is_the_bytes_it_was_before_runs() -> None:
+    # a worker from before runs decodes every message that is not a run (a rolling upgrade)
+    before = {"v": 1, "job_id": "j1", "tile_index": 3, "generation": 2}
+    assert TileMessage("j1", 3, 2).encode() == msgpack.packb(before, use_bin_type=True)
+    assert msgpack.unpackb(TileMessage("j1", 3, 2, 4).encode())["run"] == 4
+
+
+def test_a_run_names_its_tiles_and_is_bounded() -> None:
+    run = TileMessage("j1", 3, 2, 4)
+    assert list(run.tiles) == [3, 4, 5, 6]
+    assert run.single(5) == TileMessage("j1", 5, 2)
+    assert run.headers()["Tessera-Run"] == "4"
+    assert "Tessera-Run" not in TileMessage("j1", 3, 2).headers()
+    with pytest.raises(ValueError, match="not in the run"):
+        run.single(7)
+    for bad in (0, MAX_RUN + 1):
+        body = msgpack.packb({"v": 1, "job_id": "j1", "tile_index": 3, "run": bad})
+        with pytest.raises(DecodeError, match="run"):
+            TileMessage.decode(body)

@@ -52,6 +52,13 @@ def test_subjects_keys_and_ids() -> None:
     assert n.workers_consumer("tessera") == "workers"  # the name before renderers: kept
     assert n.workers_consumer("povray") == "workers-povray"
     assert n.tile_of_subject(nm.tile_subject(job, 7, "blender")) == (job, 7)
+    # a message carrying a run of tiles names them all in its subject
+    assert nm.tile_subject(job, 16, run=16) == f"tessera.tiles.tessera.{job}.16-31"
+    assert n.tiles_of_subject(nm.tile_subject(job, 16, run=16)) == (job, range(16, 32))
+    assert n.tiles_of_subject(nm.tile_subject(job, 7, "povray")) == (job, range(7, 8))
+    assert n.tile_of_subject(nm.tile_subject(job, 16, run=16)) is None
+    assert n.job_of_tile_subject(nm.tile_subject(job, 16, run=16)) == job
+    assert n.tile_msg_id(job, 16, 1, 16) == f"tile:{job}:16:1:16"
     assert nm.event_subject(job, n.EventKind.TILE_DONE) == f"tessera.events.{job}.tile-done"
     assert nm.dlq_subject(job, n.dlq_unit_tile(7)) == f"tessera.dlq.{job}.tile-7"
     assert nm.api_subject(n.ApiVerb.DLQ_REQUEUE) == "tessera.api.dlq.requeue"
@@ -167,6 +174,10 @@ def test_exceptions_map_to_codes(exc: BaseException, code: ErrorCode) -> None:
         ("t9.tessera.tiles.povray.job-7.12", "job-7"),
         ("tessera.tiles.blender.j1.x", None),
         ("tessera.tiles.j1.x", None),
+        ("tessera.tiles.tessera.j1.3-5", "j1"),  # a run of tiles 3, 4 and 5
+        ("tessera.tiles.tessera.j1.5-3", None),
+        ("tessera.tiles.tessera.j1.3-", None),
+        ("tessera.tiles.tessera.j1.-3", None),
         ("tessera.jobs.j1", None),
         ("garbage", None),
         ("tessera.tiles.bad$job.1", None),
@@ -174,3 +185,11 @@ def test_exceptions_map_to_codes(exc: BaseException, code: ErrorCode) -> None:
 )
 def test_the_job_of_a_tile_subject(subject: str, job: str | None) -> None:
     assert n.job_of_tile_subject(subject) == job
+
+
+@pytest.mark.parametrize("run", [0, -1, True, 1.5])
+def test_bad_runs_are_refused(run: object) -> None:
+    with pytest.raises(errors.ValidationError, match="run"):
+        n.Names().tile_subject("j", 0, run=run)  # type: ignore[arg-type]
+    with pytest.raises(errors.ValidationError, match="run"):
+        n.tile_msg_id("j", 0, 0, run)  # type: ignore[arg-type]

@@ -20,7 +20,7 @@ from typing import Any
 import asyncpg
 
 from proto import names as n
-from proto.messages import JobMessage
+from proto.messages import JobMessage, TileMessage
 from services.scheduler.dispatch import Dispatcher, backoff_after, idle_wait
 from services.scheduler.planner import Planner
 from shared.core.lifecycle import TileState
@@ -37,7 +37,8 @@ TILES = 48
 
 async def _job(rt: Runtime, project: str = "demo", **over: Any) -> str:
     """A submitted job of ``project`` with its 48 tiles planned (unreleased)."""
-    new = make_new_job(tile_size=8, spp=1, project=project, **over)
+    defaults: dict[str, Any] = {"tile_size": 8, "spp": 1, "project": project}
+    new = make_new_job(**(defaults | over))
     job_id = (await rt.db.submit_job(new)).job.job_id
     await Planner(rt).plan(JobMessage(job_id, 0))
     return job_id
@@ -52,8 +53,17 @@ async def _sql(rt: Runtime, query: str, *args: object) -> None:
 
 
 async def _messages(rt: Runtime) -> int:
-    info = await rt.js.stream_info(rt.names.stream(n.STREAM_TILES))
-    return int(info.state.messages)
+    """The tiles the TILES messages carry (a run of tiny tiles is one message)."""
+    return sum(m.run for m in await _tile_messages(rt))
+
+
+async def _tile_messages(rt: Runtime) -> list[TileMessage]:
+    """Every TILES message, in stream order."""
+    stream = rt.names.stream(n.STREAM_TILES)
+    info = await rt.js.stream_info(stream)
+    return [TileMessage.decode((await rt.js.get_msg(stream, seq)).data or b"")
+            for seq in range(info.state.first_seq, info.state.last_seq + 1)
+            if info.state.messages]  # fmt: skip
 
 
 def _by_job(tiles: list[Tile]) -> Counter[str]:
@@ -371,3 +381,31 @@ async def test_job_control_events_nudge_the_dispatcher(runtime: Runtime) -> None
             past = functools.partial(_rounds_past, dispatcher, len(dispatcher.rounds))
             await runtime.nc.publish(runtime.names.event_subject("j1", kind), b"{}")
             await eventually(past, what=f"a round on {kind}")
+
+
+async def test_tiny_tiles_share_messages_in_runs(runtime: Runtime) -> None:
+    """48 tiles of 8x8 at 1 spp (64 pixel-samples each, a run of at most 16 by default) go out
+    as 3 messages of 16 consecutive tiles; every tile is in exactly one, under its generation;
+    tiles of 128 spp (8,192 pixel-samples each) go alone, and so do a Blender job's."""
+    tiny = await _job(runtime)
+    big = await _job(runtime, "other", spp=128)
+    blender = await _job(runtime, "third", renderer="blender")  # a process per tile: alone
+    released = await Dispatcher(runtime).dispatch_once({"tessera": 96, "blender": 48})
+    assert _by_job(released) == {tiny: TILES, big: TILES, blender: TILES}
+    messages = await _tile_messages(runtime)
+    runs = sorted((m.tile_index, m.run) for m in messages if m.job_id == tiny)
+    assert runs == [(0, 16), (16, 16), (32, 16)]
+    for alone in (big, blender):
+        assert sorted(m.tile_index for m in messages if m.job_id == alone) == list(range(TILES))
+        assert {m.run for m in messages if m.job_id == alone} == {1}
+    assert {m.generation for m in messages} == {1}
+
+
+async def test_runs_can_be_turned_off(runtime: Runtime) -> None:
+    """``TESSERA_DISPATCH_RUN=1``: one message per tile, tiny or not."""
+    scheduler = dataclasses.replace(runtime.settings.scheduler, dispatch_run=1)
+    settings = dataclasses.replace(runtime.settings, scheduler=scheduler)
+    rt = dataclasses.replace(runtime, settings=settings)
+    await _job(rt)
+    assert len(await Dispatcher(rt).dispatch_once({"tessera": 48})) == TILES
+    assert [m.run for m in await _tile_messages(rt)] == [1] * TILES

@@ -10,6 +10,7 @@ before the sweeper got to them.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 
 import asyncpg
@@ -37,13 +38,17 @@ G = 1
 """The generation of a tile's first release."""
 
 
-async def _job(rt: Runtime, *, publish: bool = True) -> str:
+async def _job(rt: Runtime, *, publish: bool = True, run: int = 1) -> str:
     """A submitted job with its 48 tiles planned (and, with ``publish``, released: their
-    messages published by a dispatcher round)."""
+    messages published by a dispatcher round, one per tile, or per ``run`` tiles)."""
     job_id = (await rt.db.submit_job(make_new_job(tile_size=8, spp=1))).job.job_id
     await Planner(rt).plan(JobMessage(job_id, 0))
     if publish:
-        released = await Dispatcher(rt).dispatch_once({"tessera": 1000})
+        scheduler = dataclasses.replace(rt.settings.scheduler, dispatch_run=run)
+        dispatching = dataclasses.replace(
+            rt, settings=dataclasses.replace(rt.settings, scheduler=scheduler)
+        )
+        released = await Dispatcher(dispatching).dispatch_once({"tessera": 1000})
         assert len(released) == TILES
     return job_id
 
@@ -295,3 +300,21 @@ async def test_a_lost_completion_is_announced_once_while_the_finalizer_has_it_pe
     assert await sweeper._announce_lost_completions(runtime.settings.sweeper.age) == []
     await sweeper.sweep_once()
     assert await _tiles_done_in_events(runtime, job_id) == [TilesDone(job_id, completion)]
+
+
+async def test_a_tile_whose_run_message_is_queued_is_not_republished(runtime: Runtime) -> None:
+    """Released in runs of 16 (one message per 16 tiles, subject ``<first>-<last>``): every
+    stale tile whose run's message is in the stream stays; the tiles of a run whose message was
+    lost are re-published, each alone, under the next generation."""
+    job_id = await _job(runtime, run=16)
+    stream = runtime.names.stream(n.STREAM_TILES)
+    assert (await runtime.js.stream_info(stream)).state.messages == 3
+    lost = await runtime.js.get_last_msg(stream, runtime.names.tile_subject(job_id, 16, run=16))
+    assert lost.seq is not None
+    await runtime.js.delete_msg(stream, lost.seq)
+    await _age(runtime, job_id)
+    swept = await Sweeper(runtime).sweep_once()
+    assert sorted(t.tile_index for t in swept) == list(range(16, 32))
+    assert _republished(runtime) == 16
+    assert _skipped(runtime, "message") == TILES - 16
+    assert {await _generation_in_stream(runtime, job_id, i) for i in range(16, 32)} == {G + 1}

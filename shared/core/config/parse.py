@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from shared.core.config.common import ObjectStoreSettings
 from shared.core.errors import ConfigError
+from shared.core.runs import MAX_RUN
 
 if TYPE_CHECKING:
     from shared.core.config.settings import Settings
@@ -149,6 +150,11 @@ def _check_clocks(s: Settings) -> None:
         )
     if delivery.retry_cap < delivery.retry_base:
         raise ConfigError(f"TESSERA_RETRY_CAP={delivery.retry_cap} must be >= TESSERA_RETRY_BASE")
+    if s.scheduler.dispatch_run > MAX_RUN:
+        raise ConfigError(
+            f"TESSERA_DISPATCH_RUN={s.scheduler.dispatch_run} must be at most {MAX_RUN} (the most "
+            "tiles a TILES message may carry)"
+        )
     if s.gateway.result_url_ttl > MAX_URL_TTL:
         raise ConfigError(
             f"TESSERA_RESULT_URL_TTL={s.gateway.result_url_ttl} must be at most {MAX_URL_TTL} "

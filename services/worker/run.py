@@ -1,0 +1,62 @@
+"""One TILES delivery: a single tile, or a run of tiny tiles that share the message.
+
+The dispatcher sends consecutive tiny tiles of a job released together as one message
+(:mod:`shared.core.runs`, docs/architecture.md "Runs of tiny tiles"). Each tile of a run is
+processed by its own :class:`~services.worker.tile.TileRun`, side by side, exactly as a message
+of its own would be — its own lease, fence, render, fenced commit and tile-done event — except
+that none of them settles the message: their outcomes are combined
+(:func:`~shared.service.settle.combine`) and the message is settled once, after the last tile's
+outcome (crash point ``worker.before_run_settle``). Their heartbeats all extend the one
+message's ack deadline.
+
+A redelivered run finds its done tiles done (re-announced, nothing rendered) and renders the
+rest, as a redelivered single tile does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from proto.messages import TileMessage
+from services.worker.context import TileContext
+from services.worker.tile import TileRun
+from shared.core import crash
+from shared.core.errors import DecodeError
+from shared.service.settle import Delivery, Outcome, combine, settle
+
+__all__ = ["handle"]
+
+
+async def handle(
+    ctx: TileContext,
+    delivery: Delivery,
+    holding: Callable[[TileMessage], None] | None = None,
+) -> None:
+    """Process one TILES delivery and settle it exactly once (a run: once for all its tiles);
+    ``holding`` is told which tiles the message carries once it is decoded."""
+    try:
+        message = TileMessage.decode(delivery.data)
+    except DecodeError:
+        await TileRun(ctx, delivery).run()  # dead-letters the garbage, naming the job
+        return
+    if holding is not None:
+        holding(message)
+    if message.run == 1:
+        await TileRun(ctx, delivery, message).run()
+        return
+    runs = [TileRun(ctx, delivery, message.single(i)) for i in message.tiles]
+    for r in runs:  # each tile's lines name the run its message carried
+        r.log = r.log.bind(run=message.run, run_first=message.tile_index)
+    results = await asyncio.gather(*(r.outcome() for r in runs), return_exceptions=True)
+    outcomes: list[Outcome] = []
+    for result in results:
+        if isinstance(result, BaseException):
+            # A bug in one tile's steps (or its cancellation): like a single tile's, the
+            # message is left to come back after ack_wait; its done tiles are found done.
+            raise result
+        outcomes.append(result)
+    crash.crash_point("worker.before_run_settle")
+    await settle(delivery, combine(outcomes))
+    for r in runs:
+        r.settled()

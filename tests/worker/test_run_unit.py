@@ -1,0 +1,142 @@
+"""A run of tiles in one TILES message (:mod:`services.worker.run`), on the doubles of
+:mod:`tests.worker.test_tile_run_unit` with the real kernel: every tile of the run goes through
+its own steps, and the message is settled once, by the combined outcome
+(:func:`shared.service.settle.combine`, whose order is checked here too)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from proto import names as n
+from proto.messages import TileMessage, TilesDone
+from services.worker import run
+from shared.core.errors import DecodeError, RetryableError, TerminalError
+from shared.core.lifecycle import TileState
+from shared.metadata import AttemptOutcome
+from shared.nats.leases import LeaseOwner
+from shared.service.settle import (
+    ACK,
+    ACK_RECORDED,
+    HAND_BACK,
+    DeadLetter,
+    Leave,
+    Outcome,
+    Retry,
+    combine,
+)
+from tests.doubles.delivery import FakeDelivery
+from tests.worker.test_tile_run_unit import Rig, _rig
+
+TILES = 4
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> Rig:
+    return await _rig(tmp_path, tiles=TILES)
+
+
+def _run_of(rig: Rig, first: int = 0, length: int = TILES, deliveries: int = 1) -> FakeDelivery:
+    message = TileMessage(rig.job.job_id, first, 0, length)
+    return FakeDelivery(message.encode(), deliveries)
+
+
+async def _handle(rig: Rig, d: FakeDelivery) -> FakeDelivery:
+    await asyncio.wait_for(run.handle(rig.ctx, d), 60)
+    return d
+
+
+async def _states(rig: Rig) -> list[TileState]:
+    return [t.state for t in await rig.db.list_tiles(rig.job.job_id)]
+
+
+async def test_a_run_renders_each_tile_under_its_own_lease_and_acks_once(rig: Rig) -> None:
+    d = await _handle(rig, _run_of(rig))
+    assert (d.settled, d.confirmed) == ("ack", False), "every tile committed: the record"
+    assert await _states(rig) == [TileState.DONE] * TILES
+    attempts = await rig.db.attempts(rig.job.job_id)
+    assert sorted(a.tile_index or 0 for a in attempts) == list(range(TILES))
+    assert {a.outcome for a in attempts} == {AttemptOutcome.DONE}
+    # one lease per tile, each its own token, each the fence of its tile's commit
+    fences = {t.tile_index: t.lease_fence for t in await rig.db.list_tiles(rig.job.job_id)}
+    assert len(set(fences.values())) == TILES
+    assert sorted((done.tile_index, fence) for done, fence in rig.events.done) == sorted(
+        fences.items()
+    )
+    by_tile = {a.tile_index: a.attempt_id for a in attempts}
+    for i in range(TILES):  # left to their TTL, each held by its own tile's attempt
+        held = await rig.leases.holder(n.lease_key_tile(rig.job.job_id, i))
+        assert held is not None and held[0].attempt_id == by_tile[i]
+    assert rig.events.all_done == [TilesDone(rig.job.job_id, max(fences.values()))]
+    assert rig.count("tessera_tiles_completed_total") == TILES
+
+
+async def test_a_redelivered_run_renders_only_its_tiles_not_done(rig: Rig) -> None:
+    await _handle(rig, FakeDelivery(TileMessage(rig.job.job_id, 1, 0, 2).encode()))
+    first = {a.tile_index for a in await rig.db.attempts(rig.job.job_id)}
+    assert first == {1, 2}
+    d = await _handle(rig, _run_of(rig, deliveries=2))
+    assert await _states(rig) == [TileState.DONE] * TILES
+    attempts = await rig.db.attempts(rig.job.job_id)
+    indexes = sorted(a.tile_index or 0 for a in attempts)
+    assert indexes == [0, 1, 2, 3], "1 and 2 not rendered again"
+    # the done tiles were announced again: an ack the server confirms (nothing was committed
+    # for them by this delivery)
+    assert (d.settled, d.confirmed) == ("ack", True)
+    assert sorted(done.tile_index for done, _ in rig.events.done) == [0, 1, 1, 2, 2, 3]
+
+
+async def test_a_tile_held_by_another_owner_brings_the_run_back_after_a_ttl(rig: Rig) -> None:
+    key = n.lease_key_tile(rig.job.job_id, 2)
+    assert await rig.leases.acquire(key, LeaseOwner("other", "theirs"))
+    d = await _handle(rig, _run_of(rig))
+    assert (d.settled, d.delay) == ("nak", 10.0)
+    assert await _states(rig) == [TileState.DONE, TileState.DONE, TileState.QUEUED, TileState.DONE]
+    assert rig.count("tessera_tiles_completed_total") == TILES - 1
+
+
+async def test_a_terminal_tile_dead_letters_the_run_and_records_the_failure(rig: Rig) -> None:
+    rig.db.commit_error = DecodeError("a result the store cannot take")  # the first commit only
+    d = await _handle(rig, _run_of(rig))
+    assert d.settled == "term" and len(d.letters) == 1
+    assert d.letters[0].unit.startswith("tile-")
+    assert rig.events.failed == [(rig.job.job_id, DecodeError.code)], "recorded before the term"
+    assert (await _states(rig)).count(TileState.DONE) == TILES - 1
+
+
+async def test_garbage_is_dead_lettered_as_before(rig: Rig) -> None:
+    d = await _handle(rig, FakeDelivery(b"\x93garbage"))
+    assert d.settled == "term" and d.letters[0].unit == n.DLQ_UNIT_JOB
+
+
+def _letter(name: str, log: list[str]) -> DeadLetter:
+    async def record() -> None:
+        log.append(name)
+
+    return DeadLetter("j1", f"tile-{name}", TerminalError(name), record)
+
+
+async def test_combine_orders_the_outcomes_of_a_run() -> None:
+    retry_short, retry_long = Retry(1.0, RetryableError("a")), Retry(8.0, RetryableError("b"))
+    log: list[str] = []
+    cases: list[tuple[list[Outcome], Outcome]] = [
+        ([ACK_RECORDED, ACK_RECORDED], ACK_RECORDED),
+        ([ACK_RECORDED, ACK], ACK),
+        ([ACK, HAND_BACK], HAND_BACK),
+        ([HAND_BACK, retry_short, retry_long, ACK], retry_long),
+        ([retry_long, Leave("fenced"), ACK], Leave("fenced")),
+    ]
+    for outcomes, expected in cases:
+        assert combine(outcomes) == expected, outcomes
+    # a dead letter wins over everything, and runs the record of every dead letter
+    letters = [_letter("1", log), _letter("3", log)]
+    combined = combine([Leave("lease_lost"), letters[0], retry_long, letters[1]])
+    assert isinstance(combined, DeadLetter) and combined.unit == "tile-1"
+    assert combined.record is not None
+    await combined.record()
+    assert log == ["1", "3"]
+    only = combine([ACK, DeadLetter("j1", "tile-2", TerminalError("x")), letters[1]])
+    assert isinstance(only, DeadLetter) and only.unit == "tile-2"
+    assert only.record is letters[1].record
