@@ -86,10 +86,20 @@ class StoreBase:
         statements are all keyed lookups and writes (the worker's), whose plan does not depend
         on the values; a statement over a time window of a large table (the scheduler's fair
         share, the console's) keeps ``auto``, which plans for the window's actual width.
+
+        A plan made once is made on the statistics of that moment, which may be those of an
+        empty table (a fresh deployment, the first job): a sequential scan of a table that
+        looked one page long would then stay the plan while the table grows. So these
+        connections also run without sequential scans, hash joins and merge joins
+        (``enable_seqscan``, ``enable_hashjoin``, ``enable_mergejoin`` off): every lookup they
+        make has its key's index, and every join is a nested loop over a batch's few rows
+        into that index, which the planner then takes whatever the tables looked like.
         """
         settings = {"application_name": "tessera"}
         if generic_plans:
             settings["plan_cache_mode"] = "force_generic_plan"
+            for method in ("seqscan", "hashjoin", "mergejoin"):
+                settings[f"enable_{method}"] = "off"
         with translated("connect"):
             try:
                 pool = await asyncpg.create_pool(
