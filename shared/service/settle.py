@@ -24,6 +24,9 @@ the :class:`Delivery`, which wraps the nats-py message and translates its errors
     TerminalError (DecodeError…)   DeadLetter
     RetryableError                 Retry(backoff(deliveries))
 
+A message that carries several units (a run of tiles) gets one outcome from its units' own,
+:func:`combine`, and is settled once.
+
 Acks and +WPI are keyed by stream sequence, not by delivery (NATS-NOTES), so the broker ack is
 never the source of truth; a delivery is settled at most once, and any later settle of it is a
 no-op. An exception of no expected type is not an outcome: it propagates, the consume loop logs
