@@ -226,6 +226,13 @@ def check_index(value: int, what: str) -> int:
     return value
 
 
+def check_run(run: int) -> int:
+    """Return ``run`` (tiles a TILES message carries) if it is a positive int, else raise."""
+    if isinstance(run, bool) or not isinstance(run, int) or run < 1:
+        raise ValidationError(f"run: {run!r} is not a positive integer")
+    return run
+
+
 def new_job_id() -> str:
     """A fresh UUIDv7 (RFC 9562) string: time-ordered, random-tailed, subject-safe."""
     millis = time.time_ns() // 1_000_000
@@ -269,9 +276,7 @@ def tile_msg_id(job_id: str, tile_index: int, generation: int, run: int = 1) -> 
     """
     job = check_token(job_id, "job_id")
     msg_id = f"tile:{job}:{check_index(tile_index, 'tile_index')}:{check_index(generation, 'gen')}"
-    if isinstance(run, bool) or not isinstance(run, int) or run < 1:
-        raise ValidationError(f"run: {run!r} is not a positive integer")
-    return msg_id if run == 1 else f"{msg_id}:{run}"
+    return msg_id if check_run(run) == 1 else f"{msg_id}:{run}"
 
 
 def done_msg_id(job_id: str, tile_index: int, fence: int) -> str:
@@ -418,9 +423,7 @@ class Names:
         run of ``run`` tiles from ``tile_index``: ``...<job>.<first>-<last>``."""
         job, r = check_token(job_id, "job_id"), check_token(renderer, "renderer")
         first = check_index(tile_index, "tile_index")
-        if isinstance(run, bool) or not isinstance(run, int) or run < 1:
-            raise ValidationError(f"run: {run!r} is not a positive integer")
-        tiles = str(first) if run == 1 else f"{first}-{first + run - 1}"
+        tiles = str(first) if check_run(run) == 1 else f"{first}-{first + run - 1}"
         return self._subject(f"tessera.tiles.{r}.{job}.{tiles}")
 
     def tile_subjects_of(self, job_id: str) -> str:
