@@ -8,14 +8,17 @@ module wraps those calls in a bounded retry and translates what is left into our
 nats-py                                      Tessera
 ===========================================  ==============================================
 503, no responders, timeouts, reconnecting   retried until ``timeout_total``, then
-                                             :class:`~shared.core.errors.StoreUnavailable`
+409 "message id is in process" (10158)       :class:`~shared.core.errors.StoreUnavailable`
 connection closed or draining                :class:`~shared.core.errors.StoreUnavailable` at once
 400 "wrong last sequence" (10071, 10164)     :class:`WrongLastSequence` (never retried)
 any other JetStream API error                :class:`PublishRejected` (never retried)
 ===========================================  ==============================================
 
 A retried publish keeps the same ``Nats-Msg-Id``, so a first try that did land is absorbed by the
-server's duplicate window. A retried *conditional* publish
+server's duplicate window. On a replicated stream, a publish that reaches the leader while an
+earlier one with the same id is still being replicated is answered 409 "in process" (10158); a
+later try is answered with a duplicate ack (or stores the message, if the earlier proposal was
+lost with a leader), so it is retried like a 503. A retried *conditional* publish
 (``Nats-Expected-Last-Subject-Sequence``) whose first try landed fails with "wrong last
 sequence" instead (the check runs before dedup): the caller must re-read to find out.
 """
@@ -65,6 +68,10 @@ T = TypeVar("T")
 
 ERR_WRONG_LAST_SEQUENCE = (10071, 10164)
 """JetStream error codes of a failed ``Nats-Expected-Last-*`` check."""
+
+ERR_IN_PROCESS = (10158,)
+"""JetStream error codes after which the same request may succeed a moment later: 10158, "duplicate
+message id is in process" (an earlier publish of the id is not yet replicated)."""
 
 TRANSIENT: tuple[type[BaseException], ...] = (
     ServiceUnavailableError,  # 503: no leader (election) or JetStream busy
@@ -120,8 +127,9 @@ async def retry_transient(
     """Run ``attempt(timeout)`` until it succeeds, retrying :data:`TRANSIENT` errors.
 
     Each try gets at most ``attempt_timeout`` seconds (less near the end of the budget); after
-    ``timeout_total`` seconds the last error is raised as :class:`StoreUnavailable`. Any other
-    exception propagates unchanged (the caller translates it).
+    ``timeout_total`` seconds the last error is raised as :class:`StoreUnavailable`. An API error
+    whose code is in :data:`ERR_IN_PROCESS` is retried too. Any other exception propagates
+    unchanged (the caller translates it).
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_total
@@ -133,6 +141,10 @@ async def retry_transient(
         except GONE as exc:
             raise StoreUnavailable(f"{what}: the NATS connection is closed") from exc
         except TRANSIENT as exc:
+            last = exc
+        except APIError as exc:
+            if exc.err_code not in ERR_IN_PROCESS:
+                raise
             last = exc
         pause = backoff(policy, tries + 1)
         if loop.time() + pause >= deadline:

@@ -2,10 +2,12 @@
 
 The TILES stream leader is SIGKILLed while a 16-tile job renders; the job must still complete
 with the bit-identical image, every tile committed by exactly one attempt and one published PNG.
+And publishes of one message id racing on an R3 stream are each answered, once stored.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import urllib.request
@@ -13,8 +15,10 @@ from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import nats
 import nats.errors
 import pytest
+from nats.js.api import StreamConfig
 from nats.js.errors import APIError
 
 from proto import names as n
@@ -23,7 +27,7 @@ from shared.core.config import Settings
 from shared.devstack.procs import free_port
 from shared.devstack.stack import HOST, NatsServer
 from shared.metadata import MetadataStore
-from shared.nats.jetstream import connect_nats
+from shared.nats.jetstream import ERR_IN_PROCESS, connect_nats, publish
 from shared.objectstore import ObjectStore
 from tests.e2e.conftest import reference_png
 from tests.e2e.flows import request, result_bytes, settle, submit
@@ -155,3 +159,45 @@ async def test_killing_the_tiles_leader_mid_render_loses_and_doubles_nothing(
     print(f"killed TILES leader {leader}; {elected} elected after {election:.1f} s;"
           f" survivors {[s.name for s in rest]}")  # fmt: skip
     victim.start()  # the node rejoins; teardown stops all three
+
+
+async def test_publishes_of_one_id_racing_on_a_replicated_stream_store_it_once(
+    cluster: list[NatsServer],
+) -> None:
+    """A publish that reaches an R3 stream's leader while an earlier one of the same id is still
+    being replicated is answered 409 "in process" (10158), as a retry after a leader change can
+    be: :func:`publish` retries it and gets the duplicate ack, never a rejection."""
+    nc = await nats.connect([s.url for s in cluster])
+    try:
+        js = nc.jetstream()
+        config = StreamConfig(name="RACE", subjects=["race.>"], num_replicas=3)
+
+        async def created() -> bool:
+            try:
+                await js.add_stream(config)
+            except (nats.errors.TimeoutError, APIError):  # the stream's group still forming
+                return False
+            return True
+
+        await eventually(created, timeout=30, interval=0.2, what="an R3 stream")
+
+        async def raw(msg_id: str) -> int | None:
+            try:
+                await js.publish("race.raw", b"x", headers={"Nats-Msg-Id": msg_id}, timeout=10)
+            except APIError as exc:
+                return exc.err_code
+            return None
+
+        raced = Counter(await asyncio.gather(*(raw("raw") for _ in range(20))))
+        assert raced[ERR_IN_PROCESS[0]] > 0, f"the race this test is about did not happen: {raced}"
+
+        for round_ in range(5):
+            acks = await asyncio.gather(
+                *(publish(js, "race.ours", b"x", msg_id=f"ours-{round_}") for _ in range(20))
+            )
+            assert sum(not a.duplicate for a in acks) == 1, [a.duplicate for a in acks]
+            assert len({a.seq for a in acks}) == 1
+        info = await js.stream_info("RACE", subjects_filter="race.ours")
+        assert (info.state.subjects or {}).get("race.ours") == 5
+    finally:
+        await nc.close()
