@@ -111,6 +111,14 @@ class TileRun:
                 # the body is garbage, but its subject still names the job
                 job_id = n.job_of_tile_subject(self.delivery.subject)
                 return DeadLetter(job_id, n.DLQ_UNIT_JOB, exc)
+        if tm.run != 1:
+            # One tile per TileRun: settling a run's message for its first tile would drop the
+            # rest (services.worker.run.handle splits a run). A bug, so like one: nothing is
+            # settled and the message comes back after ack_wait.
+            raise TypeError(
+                f"TileRun got a run of {tm.run} tiles ({tm.job_id} from tile {tm.tile_index}); "
+                "services.worker.run.handle splits runs"
+            )
         self.log = self.log.bind(job_id=tm.job_id, tile=tm.tile_index)
         try:
             return await self._process(tm)

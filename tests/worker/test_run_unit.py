@@ -13,6 +13,7 @@ import pytest
 from proto import names as n
 from proto.messages import TileMessage, TilesDone
 from services.worker import run
+from services.worker.tile import TileRun
 from shared.core.errors import DecodeError, RetryableError, TerminalError
 from shared.core.lifecycle import TileState
 from shared.metadata import AttemptOutcome
@@ -109,6 +110,18 @@ async def test_a_terminal_tile_dead_letters_the_run_and_records_the_failure(rig:
 async def test_garbage_is_dead_lettered_as_before(rig: Rig) -> None:
     d = await _handle(rig, FakeDelivery(b"\x93garbage"))
     assert d.settled == "term" and d.letters[0].unit == n.DLQ_UNIT_JOB
+
+
+async def test_a_tile_run_handed_a_whole_run_refuses_it_unsettled(rig: Rig) -> None:
+    """Only ``run.handle`` splits a run: a TileRun given one (decoding it itself) would settle
+    the message for its first tile alone. It raises instead, and leaves the message to come
+    back."""
+    d = _run_of(rig)
+    with pytest.raises(TypeError, match="run of 4 tiles"):
+        await asyncio.wait_for(TileRun(rig.ctx, d).run(), 60)
+    assert d.settled is None
+    assert await rig.db.attempts(rig.job.job_id) == [], "nothing leased, fenced or rendered"
+    assert await _states(rig) == [TileState.QUEUED] * TILES
 
 
 def _letter(name: str, log: list[str]) -> DeadLetter:
