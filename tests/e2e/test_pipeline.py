@@ -99,11 +99,14 @@ async def test_two_workers_one_finalizer_on_sixteen_tiles(
     # when the inline limit is 0.
     if results == "objects":
         services.env["TESSERA_INLINE_RESULT_BYTES"] = "0"
+    # One tile in hand each: a worker rendering a tile has no pull outstanding, so a second tile
+    # released meanwhile can only go to the other. With the default (twice its threads) a
+    # worker's batch pull could take every tile of a round, and with tiles of a few ms one
+    # worker rendered all 16 (CI, 2026-12-06, twice: at 16 spp, then at 64).
+    services.env["TESSERA_WORKER_IN_HAND"] = "1"
     services.start_all(workers=2)
     names = n.Names(e2e_settings.deployment.namespace)
     await workers_live(nc.jetstream(), names, {"worker-1", "worker-2"})
-    # 64 spp: at 16 the 16 tiles took a few ms each, and on a loaded machine one worker could
-    # finish them all before the other's first pull reached the server (CI, 2026-12-06)
     body = request(width=64, height=64, spp=64)
     reply = await submit(client, body)
     job_id = reply["job_id"]
