@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import itertools
+import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from weakref import WeakKeyDictionary
@@ -14,7 +15,7 @@ import kernel.render  # numba loads when the worker starts, not on its first til
 from kernel.rect import Rect
 from shared.core.tiles import Accumulator
 
-__all__ = ["INLINE_SECONDS", "INLINE_WORK", "KernelThreads"]
+__all__ = ["BAND_SECONDS", "INLINE_SECONDS", "INLINE_WORK", "KernelThreads"]
 
 INLINE_SECONDS = 0.0005
 """A pass predicted (from the scene's last measured pass) to take less than this runs on the
@@ -23,6 +24,13 @@ callback back to the loop — costs the loop more than the pass itself (an 8x8 t
 renders in about 0.2 ms)."""
 INLINE_WORK = 64 * 64
 """...and covers at most this many pixel-samples, so a misjudged rate blocks the loop little."""
+BAND_SECONDS = 0.05
+"""A pass predicted (from the scene's last measured pass) to take longer is split into row
+bands of about this long, queued together: a thread that finishes a band takes the next one
+queued (any tile's) without a round trip to the event loop, and the job's last bands leave a
+thread idle at most about this long. Whole passes (sized to ``TESSERA_PASS_SECONDS``) left one
+kernel thread idle for up to a pass at the end of each job while the other rendered the last
+one: 237 ms of a 9-tile job's 4.9 s on 2 threads (issue 19, ``bench.pipeline`` (a auto))."""
 
 
 class KernelThreads:
@@ -43,11 +51,12 @@ class KernelThreads:
     ) -> None:
         """Samples ``start..end`` of ``rect`` into ``acc`` on the kernel threads.
 
-        A pass normally runs on one thread, beside the passes of the other tiles in hand. When
-        threads are idle (the queue ran dry and fewer passes than threads are left, as at the
-        end of a job) the pass is split into horizontal bands, one per idle thread, so the last
-        tiles do not leave cores waiting. The kernel works pixel by pixel, so the accumulator
-        holds the same bits either way. A tiny pass runs inline (:data:`INLINE_SECONDS`).
+        A pass is split into horizontal bands, queued beside the bands of the other tiles in
+        hand: one per idle thread (the queue ran dry and fewer passes than threads are left, as
+        at the end of a job), and at least as many as take :data:`BAND_SECONDS` each at the
+        scene's measured rate, so the last tiles do not leave cores waiting. The kernel works
+        pixel by pixel, so the accumulator holds the same bits either way. A tiny pass runs
+        inline (:data:`INLINE_SECONDS`).
         """
         work = (rect.x1 - rect.x0) * (rect.y1 - rect.y0) * (end - start)
         rate = self._rates.get(prepared)
@@ -57,7 +66,10 @@ class KernelThreads:
             return
         loop = asyncio.get_running_loop()
         rows = rect.y1 - rect.y0
-        bands = max(1, min(self.slots - self.running, rows))
+        bands = max(1, self.slots - self.running)
+        if rate is not None:
+            bands = max(bands, math.ceil(rate * work / BAND_SECONDS))
+        bands = min(bands, rows)
         cuts = [rows * i // bands for i in range(bands + 1)]
         calls = []
         for top, bottom in itertools.pairwise(cuts):

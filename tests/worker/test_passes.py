@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import numpy as np
 import pytest
 
 import kernel
-from services.worker.kernels import INLINE_SECONDS, INLINE_WORK, KernelThreads
+from services.worker.kernels import BAND_SECONDS, INLINE_SECONDS, INLINE_WORK, KernelThreads
 from services.worker.tile import pass_size
 from shared.core.config import WorkerSettings
 from shared.core.tiles import zeros_for
@@ -38,6 +39,41 @@ async def test_a_pass_split_over_idle_threads_gives_the_same_bits(
         threads.executor.shutdown()
     np.testing.assert_array_equal(split, alone)
     np.testing.assert_array_equal(whole, alone)
+
+
+async def test_a_long_pass_is_split_into_bands_even_with_every_thread_busy(
+    prepared: kernel.Prepared, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rect = kernel.Rect(8, 4, 40, 37)  # 33 rows
+    work = 32 * 33 * 3
+    alone = zeros_for(rect)
+    kernel.render_tile(prepared, rect, 0, 3, alone)
+    threads = KernelThreads(2)
+    bands: list[kernel.Rect] = []
+    submit = threads.executor.submit
+
+    def counted(fn: Any, prepared: Any, band: kernel.Rect, *rest: Any) -> Any:
+        bands.append(band)
+        return submit(fn, prepared, band, *rest)
+
+    monkeypatch.setattr(threads.executor, "submit", counted)
+    try:
+        split, rows = zeros_for(rect), zeros_for(rect)
+        threads.running = 2  # every thread busy: only the predicted time splits the pass
+        threads._rates[prepared] = 3.5 * BAND_SECONDS / work  # a pass of 3.5 bands' time
+        await threads.render(prepared, rect, 0, 3, split)
+        assert len(bands) == 4
+        assert [(b.y0, b.y1) for b in bands] == [(4, 12), (12, 20), (20, 28), (28, 37)]
+        assert all((b.x0, b.x1) == (8, 40) for b in bands)
+        bands.clear()
+        threads._rates[prepared] = 100 * BAND_SECONDS / work  # never thinner than a row
+        await threads.render(prepared, rect, 0, 3, rows)
+        assert [(b.y0, b.y1) for b in bands] == [(y, y + 1) for y in range(4, 37)]
+        assert threads.running == 2, "each finished band counted itself down"
+    finally:
+        threads.executor.shutdown()
+    np.testing.assert_array_equal(split, alone)
+    np.testing.assert_array_equal(rows, alone)
 
 
 async def test_split_calls_are_counted_while_they_run(prepared: kernel.Prepared) -> None:
