@@ -48,8 +48,9 @@ class KernelThreads:
 
     async def render(
         self, prepared: kernel.Prepared, rect: Rect, start: int, end: int, acc: Accumulator
-    ) -> None:
-        """Samples ``start..end`` of ``rect`` into ``acc`` on the kernel threads.
+    ) -> float:
+        """Samples ``start..end`` of ``rect`` into ``acc`` on the kernel threads; the seconds
+        its calls took on their threads, summed (not the wait for a thread).
 
         A pass is split into horizontal bands, queued beside the bands of the other tiles in
         hand: one per idle thread (the queue ran dry and fewer passes than threads are left, as
@@ -61,9 +62,10 @@ class KernelThreads:
         work = (rect.x1 - rect.x0) * (rect.y1 - rect.y0) * (end - start)
         rate = self._rates.get(prepared)
         if rate is not None and work <= INLINE_WORK and rate * work <= INLINE_SECONDS:
-            self._rates[prepared] = _timed(prepared, rect, start, end, acc) / work
+            seconds = _timed(prepared, rect, start, end, acc)
+            self._rates[prepared] = seconds / work
             self.inline_passes += 1
-            return
+            return seconds
         loop = asyncio.get_running_loop()
         rows = rect.y1 - rect.y0
         bands = max(1, self.slots - self.running)
@@ -80,8 +82,9 @@ class KernelThreads:
             # (a watchdog timeout leaves the call running).
             call.add_done_callback(functools.partial(self._finished_on, loop))
             calls.append(asyncio.wrap_future(call, loop=loop))
-        seconds = await asyncio.gather(*calls)
-        self._rates[prepared] = seconds[-1] * len(calls) / work
+        took = await asyncio.gather(*calls)
+        self._rates[prepared] = took[-1] * len(calls) / work
+        return float(sum(took))
 
     def _finished_on(self, loop: asyncio.AbstractEventLoop, _work: object) -> None:
         # On the kernel thread: hand the count to the loop (gone already at shutdown).

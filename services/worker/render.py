@@ -56,6 +56,8 @@ class Finished:
     """The render reached the job's samples per pixel."""
 
     samples: int
+    #: seconds of one core its passes took on the renderer (the attempt's ``render_seconds``)
+    render_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,8 @@ class Render:
         self.ctx, self.job, self.tile, self.beat, self.log = ctx, job, tile, beat, log
         self.renderer = renderer
         self._last_read = 0.0  # when the job's row was last read (monotonic)
+        #: seconds of one core the passes rendered so far took (what each pass reported)
+        self.render_seconds = 0.0
 
     async def run(self, acc: Accumulator, cp: Checkpoints) -> Finished | Stopped:
         """Render from ``cp.resumed_from`` to the job's spp into ``acc``, checkpointing.
@@ -123,7 +127,7 @@ class Render:
                 if not await cp.write(acc, samples, beat.lease.token):
                     return Stopped(StopReason.FENCED, samples)
                 last_checkpoint = self._last_read = time.monotonic()
-        return Finished(samples)
+        return Finished(samples, self.render_seconds)
 
     async def _job_stop(self) -> StopReason | None:
         """One read of the job's row: cancelled, paused or ended (failed for good)?"""
@@ -190,12 +194,13 @@ class Render:
         # The renderer raises its own Terminal/RetryableError; a timeout cancels its call,
         # and a renderer with a process kills it before the cancellation ends.
         try:
-            await asyncio.wait_for(
+            seconds = await asyncio.wait_for(
                 self.renderer.render(prepared, rect, start, end, acc),
                 self.ctx.worker_config.progress_timeout,
             )
         except TimeoutError:
             raise Stalled(f"samples {start}..{end} made no progress") from None
+        self.render_seconds += seconds
         samples = (end - start) * (rect[2] - rect[0]) * (rect[3] - rect[1])
         self.ctx.metrics.samples_rendered.inc(samples)
 

@@ -279,7 +279,7 @@ class TileRun:
         renderer = self.ctx.renderers[job.renderer]
         ended = await Render(self.ctx, job, tile, beat, self.log, renderer).run(acc, cp)
         if isinstance(ended, Finished):
-            committed = await self._commit(job, tile, acc, cp, beat)
+            committed = await self._commit(job, tile, acc, cp, beat, ended.render_seconds)
             if not isinstance(committed, Stopped):
                 return committed
             ended = committed
@@ -300,7 +300,13 @@ class TileRun:
     # ------------------------------------------------------------------ steps 6-7
 
     async def _commit(
-        self, job: Job, tile: Tile, acc: Accumulator, cp: Checkpoints, beat: Heartbeat
+        self,
+        job: Job,
+        tile: Tile,
+        acc: Accumulator,
+        cp: Checkpoints,
+        beat: Heartbeat,
+        render_seconds: float,
     ) -> Outcome | Stopped:
         data = to_npy(acc)
         sha = _sha256(data)
@@ -321,6 +327,7 @@ class TileRun:
             result_data=data if inline else None,
             samples_done=job.spp,
             node=self.ctx.node,
+            render_seconds=render_seconds,
         )
         outcome = await self.ctx.db.commit_tile(done)
         if outcome is not CommitOutcome.COMMITTED:

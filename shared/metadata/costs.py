@@ -2,8 +2,10 @@
 "auto"``, :func:`proto.limits.auto_tile_edge`).
 
 A tile attempt that ended ``done`` rendered ``(x1 - x0) * (y1 - y0)`` pixels from the samples it
-resumed from up to the job's spp, in the time between its fence and its commit, on one kernel
-thread: its cost per pixel-sample is that time over that work (attempts shorter than
+resumed from up to the job's spp, in the ``render_seconds`` its passes took on the renderer's
+threads or process (schema 10; an older attempt: the time between its fence and its commit,
+which on a busy worker also counts the waits for a thread): its cost per pixel-sample is that
+time over that work (attempts shorter than
 :data:`COST_MIN_SECONDS` are left out, and a scope with fewer than :data:`COST_MIN_ATTEMPTS`
 measured says nothing). The estimate is the median over
 the newest :data:`COST_SAMPLE` such attempts of the newest :data:`COST_JOBS` jobs with a finished
@@ -47,12 +49,15 @@ WITH recent AS (
         WHERE d.job_id = j.job_id AND d.kind = 'tile' AND d.outcome = 'done')
     ORDER BY j.created_at DESC LIMIT {jobs}
 ), done AS (
-    SELECT extract(epoch FROM a.ended_at - a.started_at)
+    SELECT s.seconds
            / ((t.x1 - t.x0) * (t.y1 - t.y0) * greatest(r.spp - a.resumed_from, 1))::float8 AS cost
     FROM recent r
     JOIN attempts a ON a.job_id = r.job_id AND a.kind = 'tile' AND a.outcome = 'done'
     JOIN tiles t ON t.job_id = a.job_id AND t.tile_index = a.tile_index
-    WHERE a.ended_at - a.started_at >= make_interval(secs => {min_seconds})
+    CROSS JOIN LATERAL (SELECT coalesce(a.render_seconds,
+                                        extract(epoch FROM a.ended_at - a.started_at)::float8)
+                        AS seconds) s
+    WHERE s.seconds >= {min_seconds}
     ORDER BY a.ended_at DESC LIMIT {sample}
 )
 SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY cost) AS cost, count(*) AS n FROM done

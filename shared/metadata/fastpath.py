@@ -128,9 +128,9 @@ FROM cur
 _COMMIT = f"""
 WITH arg AS (
     SELECT * FROM unnest($1::text[], $2::int[], $3::bigint[], $4::text[], $5::text[],
-                         $6::text[], $7::int[], $8::bytea[], $9::text[])
+                         $6::text[], $7::int[], $8::bytea[], $9::text[], $14::float8[])
         AS a(job_id, tile_index, token, attempt_id, result_key, result_sha256, samples_done,
-             result_data, node)
+             result_data, node, render_seconds)
 ), cur AS (
     SELECT a.*, t.state FROM arg a
     JOIN tiles t ON t.job_id = a.job_id AND t.tile_index = a.tile_index
@@ -146,9 +146,9 @@ WITH arg AS (
     FROM cur
     WHERE t.job_id = cur.job_id AND t.tile_index = cur.tile_index
     RETURNING t.job_id, t.tile_index, cur.attempt_id, cur.node, cur.result_sha256,
-        cur.result_data, cur.state AS from_state, t.state AS to_state
+        cur.result_data, cur.render_seconds, cur.state AS from_state, t.state AS to_state
 ), ended AS (
-    UPDATE attempts a SET ended_at = now(), outcome = 'done'
+    UPDATE attempts a SET ended_at = now(), outcome = 'done', render_seconds = m.render_seconds
     FROM moved m WHERE a.attempt_id = m.attempt_id AND a.ended_at IS NULL
 ), audited AS (
     INSERT INTO job_events ({EVENT_COLUMNS})
@@ -293,5 +293,6 @@ async def write_commits(
         [b.value for _, b in moves],
         [s.value for s in job_states],
         TileTrigger.COMMIT.value,
+        [d.render_seconds for d in dones],
     )
     return {(row["job_id"], row["tile_index"]) for row in rows}

@@ -250,6 +250,9 @@ class TileCommit:
     samples_done: int
     node: str
     result_data: bytes | None = None
+    #: seconds of one core the attempt's passes took (recorded on its attempt row; None: not
+    #: measured)
+    render_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if (self.result_key is None) == (self.result_data is None):
@@ -282,6 +285,8 @@ class Attempt:
     outcome: AttemptOutcome | None
     error_code: str | None
     error: str | None
+    #: seconds of one core its passes took (a done attempt's, from schema 10 on; else None)
+    render_seconds: float | None = None
 
     @classmethod
     def from_record(cls, row: Record) -> Attempt:

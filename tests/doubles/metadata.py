@@ -231,8 +231,7 @@ class MemoryMetadata:
         for scope, same in scopes:
             done = [a for a in self.attempt_rows.values() if a.kind == "tile"
                     and a.outcome is AttemptOutcome.DONE and a.ended_at is not None
-                    and (a.ended_at - a.started_at).total_seconds()
-                    >= COST_MIN_SECONDS]  # fmt: skip
+                    and _render_seconds(a) >= COST_MIN_SECONDS]  # fmt: skip
             jobs = sorted((j for j in self.jobs.values() if same(j) and j.job_id != job_id
                            and any(a.job_id == j.job_id for a in done)),
                           key=lambda j: j.created_at, reverse=True)[:COST_JOBS]  # fmt: skip
@@ -244,7 +243,7 @@ class MemoryMetadata:
                 assert a.tile_index is not None and a.ended_at is not None
                 x0, y0, x1, y1 = self.tiles[(a.job_id, a.tile_index)].rect
                 work = (x1 - x0) * (y1 - y0) * max(spp[a.job_id] - a.resumed_from, 1)
-                costs.append((a.ended_at - a.started_at).total_seconds() / work)
+                costs.append(_render_seconds(a) / work)
             if len(costs) >= COST_MIN_ATTEMPTS:
                 return CostEstimate(statistics.median(costs), len(costs), scope)
         return None
@@ -463,7 +462,7 @@ class MemoryMetadata:
         self._put_tile(tile, state=target, result_key=done.result_key,
                        result_sha256=done.result_sha256, samples_done=done.samples_done,
                        last_error_code=None, last_error=None)  # fmt: skip
-        self._end(done.attempt_id, AttemptOutcome.DONE)
+        self._end(done.attempt_id, AttemptOutcome.DONE, render_seconds=done.render_seconds)
         return CommitOutcome.COMMITTED
 
     async def fail_tile(
@@ -510,15 +509,29 @@ class MemoryMetadata:
         outcome: AttemptOutcome,
         error_code: str | None = None,
         error: str | None = None,
+        render_seconds: float | None = None,
     ) -> None:
         """Close the attempt; the first outcome wins."""
         row = None if attempt_id is None else self.attempt_rows.get(attempt_id)
         if row is None or row.ended_at is not None:
             return
         self.attempt_rows[row.attempt_id] = dataclasses.replace(
-            row, ended_at=_now(), outcome=outcome, error_code=error_code, error=error
+            row,
+            ended_at=_now(),
+            outcome=outcome,
+            error_code=error_code,
+            error=error,
+            render_seconds=render_seconds,
         )
 
     async def attempts(self, job_id: str) -> list[Attempt]:
         """The job's attempts in start order."""
         return [a for a in self.attempt_rows.values() if a.job_id == job_id]
+
+
+def _render_seconds(attempt: Attempt) -> float:
+    """What a done attempt's passes took (``render_seconds``), else its fence to its end."""
+    if attempt.render_seconds is not None:
+        return attempt.render_seconds
+    assert attempt.ended_at is not None
+    return (attempt.ended_at - attempt.started_at).total_seconds()

@@ -32,8 +32,11 @@ async def _planned(rt: Runtime, job: Job) -> Job:
     return got
 
 
-async def _render_all(rt: Runtime, job: Job, database_url: str, seconds: float) -> None:
-    """Commit every tile of ``job`` (planned), each attempt recorded as ``seconds`` long."""
+async def _render_all(
+    rt: Runtime, job: Job, database_url: str, seconds: float, render_seconds: float | None = None
+) -> None:
+    """Commit every tile of ``job`` (planned), each attempt recorded as ``seconds`` long, its
+    passes as ``render_seconds``."""
     for tile in await rt.db.list_tiles(job.job_id):
         attempt = f"a-{job.job_id[-6:]}-{tile.tile_index}"
         assert await rt.db.fence_tile(job.job_id, tile.tile_index, token=1, attempt_id=attempt,
@@ -41,7 +44,7 @@ async def _render_all(rt: Runtime, job: Job, database_url: str, seconds: float) 
         await rt.db.commit_tile(TileCommit(job.job_id, tile.tile_index, token=1,
                                            attempt_id=attempt, result_key=f"r/{attempt}",
                                            result_sha256="ab" * 32, samples_done=SPP,
-                                           node="n"))  # fmt: skip
+                                           node="n", render_seconds=render_seconds))  # fmt: skip
     await _attempts_took(database_url, job, seconds)
 
 
@@ -99,3 +102,28 @@ async def test_the_measured_cost_of_the_scene_sizes_the_next_job_and_a_replan_ke
     # attempts too short to tell samples from the fixed cost of a tile are not measured
     await _attempts_took(database_url, first, 0.05)
     assert await runtime.db.tile_cost("someone-else", "scene-k", "tessera") is None
+
+
+async def test_the_cost_is_what_the_passes_took_not_the_attempts_time_from_fence_to_commit(
+    runtime: Runtime, database_url: str
+) -> None:
+    # A worker holds twice as many tiles as threads and their passes share the threads: each
+    # attempt lasted twice what its passes took. The cost is the passes' time.
+    new = make_new_job(width=SIDE, height=SIDE, spp=SPP, tile_size=64, cost_key="scene-r")
+    first = await _planned(runtime, (await runtime.db.submit_job(new)).job)
+    took = 1e-6 * 64 * 64 * SPP
+    await _render_all(runtime, first, database_url, 2 * took, render_seconds=took)
+    assert {a.render_seconds for a in await runtime.db.attempts(first.job_id)} == {took}
+    measured = await runtime.db.tile_cost("someone-else", "scene-r", "tessera")
+    assert measured is not None and measured.attempts == 64
+    assert abs(measured.seconds_per_sample - 1e-6) < 1e-12
+    job = await _planned(runtime, await _auto_job(runtime, key="scene-r"))
+    assert job.tile_size == auto_tile_edge(SIDE, SIDE, SPP, seconds_per_sample=1e-6,
+                                           target_seconds=runtime.settings.scheduler.tile_seconds,
+                                           threads=1)  # fmt: skip
+    # passes too short to tell samples from a tile's fixed cost are not measured, however long
+    # the attempt was
+    short = make_new_job(width=SIDE, height=SIDE, spp=SPP, tile_size=64, cost_key="scene-s")
+    brief = await _planned(runtime, (await runtime.db.submit_job(short)).job)
+    await _render_all(runtime, brief, database_url, 5.0, render_seconds=0.05)
+    assert await runtime.db.tile_cost("someone-else", "scene-s", "renderer-none") is None

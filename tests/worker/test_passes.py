@@ -61,7 +61,8 @@ async def test_a_long_pass_is_split_into_bands_even_with_every_thread_busy(
         split, rows = zeros_for(rect), zeros_for(rect)
         threads.running = 2  # every thread busy: only the predicted time splits the pass
         threads._rates[prepared] = 3.5 * BAND_SECONDS / work  # a pass of 3.5 bands' time
-        await threads.render(prepared, rect, 0, 3, split)
+        took = await threads.render(prepared, rect, 0, 3, split)
+        assert took > 0, "the bands' seconds on their threads, summed"
         assert len(bands) == 4
         assert [(b.y0, b.y1) for b in bands] == [(4, 12), (12, 20), (20, 28), (28, 37)]
         assert all((b.x0, b.x1) == (8, 40) for b in bands)

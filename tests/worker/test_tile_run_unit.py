@@ -51,13 +51,16 @@ class HookedKernels(TesseraKernel):
     def __init__(self) -> None:
         super().__init__(1)
         self.after_pass: Callable[[int], Awaitable[None]] | None = None
+        self.took: list[float] = []  # what each pass reported it took
 
     async def render(
         self, prepared: kernel.Prepared, rect: Rect, start: int, end: int, acc: Accumulator
-    ) -> None:
-        await super().render(prepared, rect, start, end, acc)
+    ) -> float:
+        seconds = await super().render(prepared, rect, start, end, acc)
+        self.took.append(seconds)
         if self.after_pass is not None:
             await self.after_pass(end)
+        return seconds
 
 
 class WatchedLeases(MemoryLeases):
@@ -192,6 +195,10 @@ async def test_finished_commits_then_acks(rig: Rig):
         tile_run.attempt_id,
     )
     assert fence == tile_run.token
+    # the attempt records what its passes took on the kernel threads (the cost of a sample)
+    (attempt,) = await rig.db.attempts(rig.job.job_id)
+    assert len(rig.kernels.took) == SPP and all(s > 0 for s in rig.kernels.took)
+    assert attempt.render_seconds == sum(rig.kernels.took)
     # The commit fences every later write, so the lease is left to its TTL, not released,
     # and the ack is not waited for (the commit is the record).
     held = await rig.leases.holder(rig.lease_key())
@@ -424,9 +431,9 @@ class Planned(HookedKernels):
 
     async def render(
         self, prepared: kernel.Prepared, rect: Rect, start: int, end: int, acc: Accumulator
-    ) -> None:
+    ) -> float:
         self.ran.append((start, end))
-        await super().render(prepared, rect, start, end, acc)
+        return await super().render(prepared, rect, start, end, acc)
 
 
 @pytest.mark.parametrize("later_plan", [(3, 4), (2, 4)])
@@ -466,10 +473,9 @@ class Interruptible(HookedKernels):
 
     async def render(
         self, prepared: kernel.Prepared, rect: Rect, start: int, end: int, acc: Accumulator
-    ) -> None:
+    ) -> float:
         if start == 0:
-            await super().render(prepared, rect, start, end, acc)
-            return
+            return await super().render(prepared, rect, start, end, acc)
         acc += 1e6  # a partial pass: must never reach the tile's accumulator
         self.blocked.set()
         try:
@@ -477,6 +483,7 @@ class Interruptible(HookedKernels):
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
+        raise AssertionError("a pass nothing wakes returned")
 
 
 async def _mid_pass(tmp_path: Path) -> tuple[Rig, Interruptible]:

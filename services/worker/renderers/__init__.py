@@ -20,7 +20,7 @@ The interface (exact signatures; ``Prepared`` is the renderer's own, opaque to t
 
         async def prepare(self, job: Job, asset_dir: pathlib.Path | None) -> Prepared
         async def render(self, prepared: Prepared, rect: Rect, start: int, end: int,
-                         acc: Accumulator) -> None
+                         acc: Accumulator) -> float
         def passes(self, job: Job) -> PassPlan | None
         def nbytes(self, prepared: Prepared) -> int
         async def close(self) -> None
@@ -39,7 +39,10 @@ The interface (exact signatures; ``Prepared`` is the renderer's own, opaque to t
     linear radiance (not the average: a pass of ``n`` samples adds ``n`` times its mean), the
     layout of :data:`shared.core.tiles.Accumulator`. The result must depend only on the job's
     inputs and the sample range, never on timing, threads or which worker renders, so a resumed
-    tile is bit-identical to an uninterrupted one. The call may be cancelled (the watchdog's
+    tile is bit-identical to an uninterrupted one. Returns the seconds the pass took on the
+    renderer's threads or process, summed — one core's time, not the wait for a free slot: the
+    attempt records the sum over its passes (``render_seconds``), which is what the cost of a
+    pixel-sample is measured on (``tile_size: "auto"``). The call may be cancelled (the watchdog's
     ``progress_timeout``, the worker going away): a renderer with a child process then kills it
     (its whole process group) before the cancellation propagates; ``acc`` is discarded then.
 ``interruptible``
@@ -131,8 +134,9 @@ class Renderer(Protocol):
 
     async def render(
         self, prepared: Any, rect: Rect, start: int, end: int, acc: Accumulator
-    ) -> None:
-        """Add samples ``[start, end)`` of ``rect`` to ``acc`` (float64 ``(rows, cols, 3)``)."""
+    ) -> float:
+        """Add samples ``[start, end)`` of ``rect`` to ``acc`` (float64 ``(rows, cols, 3)``);
+        the seconds of one core it took."""
 
     def passes(self, job: Job) -> PassPlan | None:
         """The fixed pass plan of ``job``'s tiles, or ``None`` for adaptive passes."""

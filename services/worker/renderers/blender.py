@@ -17,6 +17,7 @@ import asyncio
 import json
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -284,16 +285,20 @@ class BlenderRenderer:
 
     async def render(
         self, prepared: BlenderScene, rect: Rect, start: int, end: int, acc: Accumulator
-    ) -> None:
-        """Add samples ``[start, end)`` of ``rect`` into ``acc`` (radiance times samples)."""
+    ) -> float:
+        """Add samples ``[start, end)`` of ``rect`` into ``acc`` (radiance times samples); the
+        seconds its slot's process took (not the wait for a slot)."""
         slot = await self._slot_for(prepared)
+        began = time.perf_counter()
         try:
             rgb = await slot.render(prepared, rect, start, end, self.watchdog)
         finally:
             self._idle.put_nowait(slot)
+        seconds = time.perf_counter() - began
         if rgb.shape != acc.shape:
             raise TerminalError(f"blender returned {rgb.shape} for a {acc.shape} tile")
         acc += rgb.astype(np.float64) * (end - start)
+        return seconds
 
     async def kill_all(self) -> None:
         """Kill every slot's process group now (lease lost, cancel, pause); they restart lazily."""

@@ -19,6 +19,7 @@ import asyncio
 import os
 import re
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -151,11 +152,15 @@ class PovrayRenderer:
 
     async def render(
         self, prepared: PovrayScene, rect: Rect, start: int, end: int, acc: Accumulator
-    ) -> None:
-        """Render ``rect`` once and add ``value * (end - start)`` into ``acc``."""
+    ) -> float:
+        """Render ``rect`` once and add ``value * (end - start)`` into ``acc``; the seconds its
+        process took (not the wait for a slot)."""
         async with self._slots:
+            began = time.perf_counter()
             pixels = await self._render_retrying(prepared, rect)
+            seconds = time.perf_counter() - began
         acc += pixels.astype(np.float64) / 65535.0 * (end - start)
+        return seconds
 
     async def _render_retrying(self, scene: PovrayScene, rect: Rect) -> npt.NDArray[np.uint16]:
         try:

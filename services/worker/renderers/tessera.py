@@ -68,10 +68,11 @@ class TesseraKernel:
 
     async def render(
         self, prepared: kernel.Prepared, rect: Rect, start: int, end: int, acc: Accumulator
-    ) -> None:
-        """Samples ``[start, end)`` of ``rect`` into ``acc`` on the kernel threads."""
+    ) -> float:
+        """Samples ``[start, end)`` of ``rect`` into ``acc`` on the kernel threads; the seconds
+        the kernel calls took on them."""
         try:
-            await self.threads.render(prepared, rect, start, end, acc)
+            return await self.threads.render(prepared, rect, start, end, acc)
         except (ValueError, ArithmeticError, kernel.SceneError) as exc:
             raise KernelFailure(f"kernel failed on samples {start}..{end}: {exc}") from exc
 
