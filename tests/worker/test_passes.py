@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import numpy as np
 import pytest
 
 import kernel
+from services.worker import kernels
 from services.worker.kernels import BAND_SECONDS, INLINE_SECONDS, INLINE_WORK, KernelThreads
 from services.worker.tile import pass_size
 from shared.core.config import WorkerSettings
 from shared.core.tiles import zeros_for
+from tests.helpers import eventually
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +78,38 @@ async def test_a_long_pass_is_split_into_bands_even_with_every_thread_busy(
         threads.executor.shutdown()
     np.testing.assert_array_equal(split, alone)
     np.testing.assert_array_equal(rows, alone)
+
+
+async def test_a_cancelled_pass_leaves_its_bands_not_yet_started_unrun(
+    prepared: kernel.Prepared, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the watchdog gives up on a pass: its queued bands must not keep the thread busy
+    rect = kernel.Rect(8, 4, 40, 37)
+    started, release, ran = threading.Event(), threading.Event(), list[kernel.Rect]()
+
+    def held(prepared: Any, band: kernel.Rect, *rest: Any) -> float:
+        ran.append(band)
+        started.set()
+        release.wait(10)
+        return 0.01
+
+    monkeypatch.setattr(kernels, "_timed", held)
+    threads = KernelThreads(1)
+    try:
+        threads._rates[prepared] = 3.5 * BAND_SECONDS / (32 * 33 * 3)  # four bands
+        task = asyncio.create_task(threads.render(prepared, rect, 0, 3, zeros_for(rect)))
+        assert await asyncio.to_thread(started.wait, 10), "the first band started"
+        assert threads.running == 4
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        release.set()
+        await asyncio.to_thread(threads.executor.shutdown)  # the running band ends
+        assert len(ran) == 1, "the three queued bands were cancelled with the pass"
+        await eventually(lambda: threads.running == 0, what="every band counted down", timeout=5)
+    finally:
+        release.set()
+        threads.executor.shutdown()
 
 
 async def test_split_calls_are_counted_while_they_run(prepared: kernel.Prepared) -> None:
