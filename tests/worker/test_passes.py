@@ -14,7 +14,7 @@ from services.worker import kernels
 from services.worker.kernels import BAND_SECONDS, INLINE_SECONDS, INLINE_WORK, KernelThreads
 from services.worker.tile import pass_size
 from shared.core.config import WorkerSettings
-from shared.core.tiles import zeros_for
+from shared.core.tiles import Accumulator, zeros_for
 from tests.helpers import eventually
 
 
@@ -24,12 +24,23 @@ def prepared() -> kernel.Prepared:
     return kernel.prepare(kernel.builtin_scene("cornell"), 0, settings)
 
 
+#: 33 rows of 32 pixels: bands of unequal height
+RECT = kernel.Rect(8, 4, 40, 37)
+#: pixel-samples of a pass of 3 samples over RECT
+RECT_WORK = 32 * 33 * 3
+
+
+def _alone(prepared: kernel.Prepared) -> Accumulator:
+    """Samples 0..3 of RECT rendered in one call on this thread: what every split must equal."""
+    acc = zeros_for(RECT)
+    kernel.render_tile(prepared, RECT, 0, 3, acc)
+    return acc
+
+
 async def test_a_pass_split_over_idle_threads_gives_the_same_bits(
     prepared: kernel.Prepared,
 ) -> None:
-    rect = kernel.Rect(8, 4, 40, 37)  # 33 rows: bands of unequal height
-    alone = zeros_for(rect)
-    kernel.render_tile(prepared, rect, 0, 3, alone)
+    rect, alone = RECT, _alone(prepared)
     threads = KernelThreads(3)
     try:
         split = zeros_for(rect)
@@ -47,10 +58,7 @@ async def test_a_pass_split_over_idle_threads_gives_the_same_bits(
 async def test_a_long_pass_is_split_into_bands_even_with_every_thread_busy(
     prepared: kernel.Prepared, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    rect = kernel.Rect(8, 4, 40, 37)  # 33 rows
-    work = 32 * 33 * 3
-    alone = zeros_for(rect)
-    kernel.render_tile(prepared, rect, 0, 3, alone)
+    rect, work, alone = RECT, RECT_WORK, _alone(prepared)
     threads = KernelThreads(2)
     bands: list[kernel.Rect] = []
     submit = threads.executor.submit
@@ -84,7 +92,7 @@ async def test_a_cancelled_pass_leaves_its_bands_not_yet_started_unrun(
     prepared: kernel.Prepared, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # the watchdog gives up on a pass: its queued bands must not keep the thread busy
-    rect = kernel.Rect(8, 4, 40, 37)
+    rect = RECT
     started, release, ran = threading.Event(), threading.Event(), list[kernel.Rect]()
 
     def held(prepared: Any, band: kernel.Rect, *rest: Any) -> float:
@@ -96,7 +104,7 @@ async def test_a_cancelled_pass_leaves_its_bands_not_yet_started_unrun(
     monkeypatch.setattr(kernels, "_timed", held)
     threads = KernelThreads(1)
     try:
-        threads._rates[prepared] = 3.5 * BAND_SECONDS / (32 * 33 * 3)  # four bands
+        threads._rates[prepared] = 3.5 * BAND_SECONDS / RECT_WORK  # four bands
         task = asyncio.create_task(threads.render(prepared, rect, 0, 3, zeros_for(rect)))
         assert await asyncio.to_thread(started.wait, 10), "the first band started"
         assert threads.running == 4
