@@ -47,6 +47,7 @@ __all__ = [
     "JobCache",
     "LeaseStore",
     "NatsTileEvents",
+    "PassRates",
     "PointerStore",
     "StopReason",
     "StopView",
@@ -265,6 +266,30 @@ class JobCache:
         return job
 
 
+class PassRates:
+    """Seconds of one core per pixel-sample of each job's last adaptive pass on this worker
+    (at most ``size`` jobs, the least recently measured dropped): a tile whose job this worker
+    has already rendered sizes its first pass from it (:func:`services.worker.render.first_pass`)
+    instead of starting at ``TESSERA_SAMPLES_PER_PASS``."""
+
+    def __init__(self, size: int = 64) -> None:
+        self.size = size
+        self._rates: OrderedDict[str, float] = OrderedDict()
+
+    def get(self, job_id: str) -> float | None:
+        """The job's last measured rate, or ``None``."""
+        return self._rates.get(job_id)
+
+    def record(self, job_id: str, seconds: float, pixel_samples: int) -> None:
+        """A pass of ``pixel_samples`` took ``seconds`` of one core (nothing measured: ignored)."""
+        if seconds <= 0 or pixel_samples <= 0:
+            return
+        self._rates[job_id] = seconds / pixel_samples
+        self._rates.move_to_end(job_id)
+        while len(self._rates) > self.size:
+            self._rates.popitem(last=False)
+
+
 def _paused(job: Job) -> bool:
     return job.state is JobState.PAUSED
 
@@ -331,3 +356,5 @@ class TileContext:
     retry: RetryPolicy
     node: str
     log: Log
+    #: the measured rate of each job's passes (the first pass of its next tile)
+    rates: PassRates = dataclasses.field(default_factory=PassRates)

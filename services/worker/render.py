@@ -2,7 +2,7 @@
 
 The loop is renderer-agnostic: the job's :class:`~services.worker.renderers.Renderer` prepares
 the scene and renders each pass; its pass plan fixes where passes end, or (``None``, the numba
-kernel) passes are sized from the measured rate (:func:`pass_size`).
+kernel) passes are sized from the measured rate (:func:`first_pass`, :func:`pass_size`).
 
 Between passes: lease still held? the worker draining? the job cancelled? an event saying the
 job was paused or failed (then its row is read at once)? Every ``checkpoint_interval`` the job's
@@ -42,7 +42,7 @@ from shared.metadata import Job, Tile
 from shared.service.heartbeat import Heartbeat
 from shared.service.logs import Log
 
-__all__ = ["Finished", "Render", "Stalled", "Stopped", "pass_size"]
+__all__ = ["Finished", "Render", "Stalled", "Stopped", "adaptive_end", "first_pass", "pass_size"]
 
 
 class Stalled(RetryableError):
@@ -103,12 +103,13 @@ class Render:
             plan = check_plan(plan, job.spp)
         rect: Rect = self.tile.rect
         interruptible = self.renderer.interruptible
-        samples, size = cp.resumed_from, tuning.samples_per_pass
+        samples = cp.resumed_from
+        size = first_pass(self.ctx.rates.get(job.job_id), _pixels(rect), tuning)
         last_checkpoint = self._last_read = time.monotonic()
         while samples < job.spp:
             if why := await self._stop_now():
                 return Stopped(why, samples)
-            end = min(job.spp, samples + size) if plan is None else _next_end(plan, samples)
+            end = _pass_end(plan, samples, size, job.spp, tuning)
             started = time.monotonic()
             if not interruptible:
                 await self._pass(prepared, rect, samples, end, acc)
@@ -201,13 +202,55 @@ class Render:
         except TimeoutError:
             raise Stalled(f"samples {start}..{end} made no progress") from None
         self.render_seconds += seconds
-        samples = (end - start) * (rect[2] - rect[0]) * (rect[3] - rect[1])
+        samples = (end - start) * _pixels(rect)
+        self.ctx.rates.record(self.job.job_id, seconds, samples)
         self.ctx.metrics.samples_rendered.inc(samples)
+
+
+def _pixels(rect: Rect) -> int:
+    return (rect[2] - rect[0]) * (rect[3] - rect[1])
+
+
+def _pass_end(
+    plan: PassPlan | None, samples: int, size: int, spp: int, tuning: WorkerSettings
+) -> int:
+    """Where the pass starting at ``samples`` ends: by ``plan``, else adaptively."""
+    if plan is not None:
+        return _next_end(plan, samples)
+    return adaptive_end(samples, size, spp, tuning)
 
 
 def _next_end(plan: PassPlan, samples: int) -> int:
     """Where the pass starting at ``samples`` ends under a fixed ``plan``."""
     return plan[bisect.bisect_right(plan, samples)]
+
+
+def first_pass(rate: float | None, pixels: int, tuning: WorkerSettings) -> int:
+    """Samples per pixel of an adaptive tile's first pass over ``pixels``.
+
+    ``samples_per_pass`` while the job's ``rate`` (seconds of one core per pixel-sample, of its
+    last pass on this worker: :class:`~services.worker.context.PassRates`) is unknown; then
+    sized to take about ``pass_seconds`` of one core, within the bounds of :func:`pass_size`
+    (at least ``samples_per_pass``, at most 16 times it). Starting every tile at
+    ``samples_per_pass`` cost its tiles two more passes each (issue 19: 64x64 tiles of 64
+    samples took passes of 4, 58 and 2), each a round trip to the event loop and its bands'
+    hand-offs, for a rate the worker had already measured on the job's earlier tiles.
+    """
+    floor = tuning.samples_per_pass
+    if rate is None or tuning.pass_seconds <= 0 or pixels <= 0:
+        return floor
+    return max(floor, min(int(tuning.pass_seconds / (rate * pixels)), 16 * floor))
+
+
+def adaptive_end(samples: int, size: int, spp: int, tuning: WorkerSettings) -> int:
+    """Where an adaptive pass of ``size`` starting at ``samples`` ends: at most ``spp``, and
+    at ``spp`` when it would leave fewer than a quarter of ``size`` samples for a pass of
+    their own (a short last pass costs a round trip for little work). With
+    ``pass_seconds = 0`` every pass has ``size`` samples, the last one the rest."""
+    end = min(spp, samples + size)
+    if tuning.pass_seconds > 0 and 4 * (spp - end) < size:
+        return spp
+    return end
 
 
 def pass_size(samples: int, seconds: float, tuning: WorkerSettings) -> int:

@@ -11,7 +11,9 @@ import pytest
 
 import kernel
 from services.worker import kernels
+from services.worker.context import PassRates
 from services.worker.kernels import BAND_SECONDS, INLINE_SECONDS, INLINE_WORK, KernelThreads
+from services.worker.render import adaptive_end, first_pass
 from services.worker.tile import pass_size
 from shared.core.config import WorkerSettings
 from shared.core.tiles import Accumulator, zeros_for
@@ -141,6 +143,40 @@ def test_pass_size_grows_to_the_target_duration_within_bounds() -> None:
     assert pass_size(4, 5.0, tuning) == 4, "never below samples_per_pass"
     assert pass_size(4, 0.0, tuning) == 64
     assert pass_size(8, 0.1, WorkerSettings(samples_per_pass=4, pass_seconds=0)) == 4, "0 disables"
+
+
+def test_a_first_pass_is_sized_from_the_jobs_measured_rate_within_bounds() -> None:
+    tuning = WorkerSettings(samples_per_pass=4, pass_seconds=0.5)
+    pixels = 64 * 64
+    assert first_pass(None, pixels, tuning) == 4, "not measured yet: samples_per_pass"
+    per_sample = 0.5 / (20 * pixels)  # 20 samples of the tile take 0.5 s
+    assert first_pass(per_sample, pixels, tuning) == 20
+    assert first_pass(per_sample / 1000, pixels, tuning) == 64, "at most 16 times the floor"
+    assert first_pass(per_sample * 1000, pixels, tuning) == 4, "never below samples_per_pass"
+    fixed = WorkerSettings(samples_per_pass=4, pass_seconds=0)
+    assert first_pass(per_sample, pixels, fixed) == 4, "pass_seconds 0: every pass is the floor"
+
+
+def test_a_pass_that_would_leave_a_sliver_takes_it_along() -> None:
+    tuning = WorkerSettings(samples_per_pass=4, pass_seconds=0.5)
+    assert adaptive_end(4, 58, 64, tuning) == 64, "2 left of a pass of 58: one pass"
+    assert adaptive_end(0, 4, 8, tuning) == 4, "4 left of a pass of 4: a pass of their own"
+    assert adaptive_end(0, 40, 64, tuning) == 40
+    assert adaptive_end(60, 16, 64, tuning) == 64, "never past spp"
+    fixed = WorkerSettings(samples_per_pass=4, pass_seconds=0)
+    assert adaptive_end(4, 58, 64, fixed) == 62, "pass_seconds 0: passes of exactly their size"
+
+
+def test_pass_rates_keep_each_jobs_last_measure_for_a_bounded_number_of_jobs() -> None:
+    rates = PassRates(size=2)
+    rates.record("a", 0.0, 100)  # nothing measured (an inline pass too fast for the clock)
+    assert rates.get("a") is None
+    rates.record("a", 1.0, 100)
+    rates.record("a", 2.0, 100)
+    assert rates.get("a") == 0.02, "the last pass's rate"
+    rates.record("b", 1.0, 10)
+    rates.record("c", 1.0, 10)
+    assert rates.get("a") is None and rates.get("b") == 0.1 and rates.get("c") == 0.1
 
 
 async def test_a_tiny_pass_runs_inline_once_its_scene_is_measured_with_the_same_bits(

@@ -52,12 +52,14 @@ class HookedKernels(TesseraKernel):
         super().__init__(1)
         self.after_pass: Callable[[int], Awaitable[None]] | None = None
         self.took: list[float] = []  # what each pass reported it took
+        self.ran: list[tuple[int, int]] = []  # each pass's samples, in order
 
     async def render(
         self, prepared: kernel.Prepared, rect: Rect, start: int, end: int, acc: Accumulator
     ) -> float:
         seconds = await super().render(prepared, rect, start, end, acc)
         self.took.append(seconds)
+        self.ran.append((start, end))
         if self.after_pass is not None:
             await self.after_pass(end)
         return seconds
@@ -216,6 +218,19 @@ async def test_only_the_commit_that_completes_the_job_announces_tiles_done(tmp_p
     first, _ = await rig.run(rig.delivery(tile_index=0))
     assert first.token is not None and second.token is not None
     assert rig.events.all_done == [TilesDone(rig.job.job_id, max(first.token, second.token))]
+
+
+async def test_a_tile_of_a_job_the_worker_has_measured_starts_with_a_sized_pass(tmp_path: Path):
+    rig = await _rig(tmp_path, spp=8, tiles=2)
+    adaptive = WorkerSettings(samples_per_pass=1, pass_seconds=0.5, checkpoint_interval=3600.0)
+    rig = dataclasses.replace(rig, ctx=dataclasses.replace(rig.ctx, worker_config=adaptive))
+    await rig.run(rig.delivery(tile_index=0))
+    assert rig.kernels.ran[0] == (0, 1), "the job's rate unknown: samples_per_pass first"
+    first_tile = len(rig.kernels.ran)
+    assert rig.ctx.rates.get(rig.job.job_id) is not None, "its passes measured the job"
+    await rig.run(rig.delivery(tile_index=1))
+    # 8 samples of 64 pixels take well under pass_seconds: the whole tile in one pass
+    assert rig.kernels.ran[first_tile:] == [(0, 8)]
 
 
 async def test_a_failed_attempt_still_releases_its_lease(rig: Rig):
@@ -420,20 +435,14 @@ async def test_a_checkpoint_of_another_renderer_version_is_not_resumed(rig: Rig)
 
 
 class Planned(HookedKernels):
-    """The kernel under a fixed pass plan (as Blender's), recording the passes it ran."""
+    """The kernel under a fixed pass plan (as Blender's); ``ran`` records its passes."""
 
     def __init__(self, plan: tuple[int, ...]) -> None:
         super().__init__()
-        self.plan, self.ran = plan, list[tuple[int, int]]()
+        self.plan = plan
 
     def passes(self, job: Job) -> tuple[int, ...]:
         return self.plan
-
-    async def render(
-        self, prepared: kernel.Prepared, rect: Rect, start: int, end: int, acc: Accumulator
-    ) -> float:
-        self.ran.append((start, end))
-        return await super().render(prepared, rect, start, end, acc)
 
 
 @pytest.mark.parametrize("later_plan", [(3, 4), (2, 4)])

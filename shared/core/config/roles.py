@@ -38,21 +38,23 @@ class WorkerSettings:
         read_by="worker",
         minimum=0.0,
     )
-    #: samples per pixel of a tile's first pass (and the least of any pass but its last)
+    #: samples per pixel of a tile's first pass until the worker has measured its job (and the
+    #: least of any pass but its last)
     samples_per_pass: int = _knob(
         4,
         "TESSERA_SAMPLES_PER_PASS",
-        "samples per pixel of a tile's first pass (and the least of any other)",
+        "samples per pixel of a tile's first pass until the worker has measured the job's rate "
+        "(and the least of any other)",
         read_by="worker",
         minimum=1,
     )
-    #: later passes are sized from the measured rate to take about this long: a pass is the
+    #: other passes are sized from the measured rate to take about this long: a pass is the
     #: grain of cancel checks and checkpoints, and each costs a round trip to the event loop
     #: (0 = every pass has ``samples_per_pass``)
     pass_seconds: float = _knob(
         0.5,
         "TESSERA_PASS_SECONDS",
-        "later passes are sized to take about this long (the grain of cancel, shutdown and "
+        "other passes are sized to take about this long (the grain of cancel, shutdown and "
         "checkpoint checks; 0: every pass has `SAMPLES_PER_PASS`), ≤ `PROGRESS_TIMEOUT`/2",
         read_by="worker",
         minimum=0.0,
