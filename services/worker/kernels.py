@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import itertools
 import math
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from weakref import WeakKeyDictionary
 
 import kernel.render  # numba loads when the worker starts, not on its first tile
@@ -41,6 +42,7 @@ class KernelThreads:
         self.executor = ThreadPoolExecutor(slots, thread_name_prefix="kernel")
         #: kernel calls submitted and not finished
         self.running = 0
+        self._lock = threading.Lock()  # (``running`` is counted down on the kernel threads)
         #: passes rendered on the loop's thread (:data:`INLINE_SECONDS`)
         self.inline_passes = 0
         #: seconds per pixel-sample of each scene's last measured pass
@@ -66,33 +68,86 @@ class KernelThreads:
             self._rates[prepared] = seconds / work
             self.inline_passes += 1
             return seconds
-        loop = asyncio.get_running_loop()
         rows = rect.y1 - rect.y0
         bands = max(1, self.slots - self.running)
         if rate is not None:
             bands = max(bands, math.ceil(rate * work / BAND_SECONDS))
         bands = min(bands, rows)
         cuts = [rows * i // bands for i in range(bands + 1)]
+        one = _Pass(asyncio.get_running_loop(), bands, self._count_down)
         calls = []
-        for top, bottom in itertools.pairwise(cuts):
+        for i, (top, bottom) in enumerate(itertools.pairwise(cuts)):
             band = Rect(rect.x0, rect.y0 + top, rect.x1, rect.y0 + bottom)
-            call = self.executor.submit(_timed, prepared, band, start, end, acc[top:bottom])
-            self.running += 1
-            # Counted down when the thread is done, not when an awaiting task gives up on it
-            # (a watchdog timeout leaves the call running).
-            call.add_done_callback(functools.partial(self._finished_on, loop))
-            calls.append(asyncio.wrap_future(call, loop=loop))
-        took = await asyncio.gather(*calls)
-        self._rates[prepared] = took[-1] * len(calls) / work
+            with self._lock:
+                self.running += 1
+            call = self.executor.submit(one.band, i, prepared, band, start, end, acc[top:bottom])
+            call.add_done_callback(self._unstarted)
+            calls.append(call)
+        try:
+            took = await one.future
+        except asyncio.CancelledError:
+            for call in calls:  # (a watchdog timeout): the bands not yet started never run
+                call.cancel()
+            raise
+        self._rates[prepared] = took[-1] * len(took) / work
         return float(sum(took))
 
-    def _finished_on(self, loop: asyncio.AbstractEventLoop, _work: object) -> None:
-        # On the kernel thread: hand the count to the loop (gone already at shutdown).
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(self._finished)
+    def _count_down(self) -> None:
+        # On the kernel thread as its band ends (so the count is down before the pass's
+        # result reaches the loop), or on the loop for a band cancelled before it started.
+        with self._lock:
+            self.running -= 1
 
-    def _finished(self) -> None:
-        self.running -= 1
+    def _unstarted(self, call: Future[None]) -> None:
+        if call.cancelled():
+            self._count_down()
+
+
+class _Pass:
+    """The bands of one pass. Each band ends on its kernel thread; the last one to end hands
+    the pass's outcome to the event loop in one call, so a pass costs the loop one wake-up
+    however many bands it has (a wrapped future per band cost two: its result and its count)."""
+
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, bands: int, ended: Callable[[], None]
+    ) -> None:
+        self.loop = loop
+        #: the seconds each band took, in band order, once every band has ended
+        self.future: asyncio.Future[list[float]] = loop.create_future()
+        self._ended = ended
+        self._left = bands
+        self._took = [0.0] * bands
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+
+    def band(
+        self, i: int, prepared: kernel.Prepared, rect: Rect, start: int, end: int, acc: Accumulator
+    ) -> None:
+        """Band ``i`` (on a kernel thread)."""
+        took, error = 0.0, None
+        try:
+            took = _timed(prepared, rect, start, end, acc)
+        except BaseException as exc:  # handed to the awaiting task, never lost with the thread
+            error = exc
+        self._ended()
+        with self._lock:
+            self._took[i] = took
+            if error is not None and self._error is None:
+                self._error = error
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            with contextlib.suppress(RuntimeError):  # the loop is gone (shutdown)
+                self.loop.call_soon_threadsafe(self._settle)
+
+    def _settle(self) -> None:
+        # On the loop. A pass whose awaiting task gave up (cancelled) has nobody to tell.
+        if self.future.done():
+            return
+        if self._error is not None:
+            self.future.set_exception(self._error)
+        else:
+            self.future.set_result(self._took)
 
 
 def _timed(prepared: kernel.Prepared, rect: Rect, start: int, end: int, acc: Accumulator) -> float:

@@ -65,9 +65,9 @@ async def test_a_long_pass_is_split_into_bands_even_with_every_thread_busy(
     bands: list[kernel.Rect] = []
     submit = threads.executor.submit
 
-    def counted(fn: Any, prepared: Any, band: kernel.Rect, *rest: Any) -> Any:
+    def counted(fn: Any, i: int, prepared: Any, band: kernel.Rect, *rest: Any) -> Any:
         bands.append(band)
-        return submit(fn, prepared, band, *rest)
+        return submit(fn, i, prepared, band, *rest)
 
     monkeypatch.setattr(threads.executor, "submit", counted)
     try:
@@ -88,6 +88,29 @@ async def test_a_long_pass_is_split_into_bands_even_with_every_thread_busy(
         threads.executor.shutdown()
     np.testing.assert_array_equal(split, alone)
     np.testing.assert_array_equal(rows, alone)
+
+
+async def test_a_failing_band_fails_its_pass_once_every_band_has_ended(
+    prepared: kernel.Prepared, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ended = list[int]()
+
+    def second_fails(prepared: Any, band: kernel.Rect, *rest: Any) -> float:
+        if band.y0 == 12:
+            raise ValueError("a band's kernel call failed")
+        ended.append(band.y0)
+        return 0.01
+
+    monkeypatch.setattr(kernels, "_timed", second_fails)
+    threads = KernelThreads(2)
+    try:
+        threads._rates[prepared] = 3.5 * BAND_SECONDS / RECT_WORK  # four bands
+        with pytest.raises(ValueError, match="a band's kernel call failed"):
+            await threads.render(prepared, RECT, 0, 3, zeros_for(RECT))
+        assert sorted(ended) == [4, 20, 28], "the other bands ran to their end first"
+        assert threads.running == 0
+    finally:
+        threads.executor.shutdown()
 
 
 async def test_a_cancelled_pass_leaves_its_bands_not_yet_started_unrun(
