@@ -313,7 +313,9 @@ class TileRun:
         inline = len(data) <= self.ctx.worker_config.inline_result_bytes
         key = None if inline else tile_result_key(job.job_id, tile.tile_index, sha)
         if key is not None:
-            await self.ctx.store.put(key, data)
+            # Not fsynced: a result an OS crash loses fails its sha256 at finalization and is
+            # rendered again (docs/architecture.md, "Worker flow" step 6).
+            await self.ctx.store.put(key, data, durable=False)
         crash.crash_point("worker.after_result_write")
         if beat.lost.is_set():
             return Stopped(StopReason.LEASE_LOST, job.spp)  # like a loss between passes

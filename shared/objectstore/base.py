@@ -109,10 +109,14 @@ class ObjectStore(ABC):
     """
 
     @abstractmethod
-    async def put(self, key: str, data: bytes) -> str:
+    async def put(self, key: str, data: bytes, *, durable: bool = True) -> str:
         """Store ``data`` under ``key`` atomically (replacing any object); return its sha256.
 
-        A reader sees the old object or the new one, never a part of either.
+        A reader sees the old object or the new one, never a part of either. ``durable=False``
+        lets a store skip making the object survive an operating-system crash once ``put``
+        returns (the directory store's fsyncs; S3 is durable either way): only for an object
+        whose loss is detected by its recorded sha256 and made again (a tile result, rendered
+        again by the finalizer's "result lost" path).
         """
 
     @abstractmethod

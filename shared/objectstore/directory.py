@@ -2,10 +2,14 @@
 
 ``put`` writes a hidden temporary file in the object's own directory, fsyncs it, renames it over
 the final name (``os.replace`` is atomic on POSIX) and fsyncs the directory, so a crash at any
-point leaves the old object or the new one, never a partial final file. A crash can leave a
-hidden ``.<name>.<random>.tmp`` behind; reads and listings ignore those (keys never start with
-a dot). ``delete`` removes the directories the key leaves empty, up to the root, so a store's
-directories are exactly the prefixes of its objects (as in S3, which has no directories).
+point leaves the old object or the new one, never a partial final file. ``put(durable=False)``
+skips both fsyncs: a process crash still leaves the old object or the new one (the page cache
+outlives the process), but an operating-system crash may leave the new one missing or empty
+— for objects whose loss is detected by their sha256 and made again (tile results). A crash
+can leave a hidden ``.<name>.<random>.tmp`` behind; reads and listings ignore those (keys never
+start with a dot). ``delete`` removes the directories the key leaves empty, up to the root, so
+a store's directories are exactly the prefixes of its objects (as in S3, which has no
+directories).
 Blocking file I/O runs in a thread, off the event loop.
 
 ``OSError`` (ENOSPC, EIO, EROFS, ...) becomes :class:`StoreUnavailable`; a missing file
@@ -57,11 +61,11 @@ class DirectoryStore(ObjectStore):
             raise ValidationError(f"object key {key!r} escapes the store root")
         return path
 
-    async def put(self, key: str, data: bytes) -> str:
+    async def put(self, key: str, data: bytes, *, durable: bool = True) -> str:
         path = self.path_of(key)
         digest = sha256_hex(data)
         with _os_errors(f"put {key}"):
-            await asyncio.to_thread(_put_file, path, bytes(data))
+            await asyncio.to_thread(_put_file, path, bytes(data), durable)
         return digest
 
     async def get(self, key: str, *, sha256: str | None = None) -> bytes:
@@ -131,8 +135,9 @@ def _os_errors(what: str) -> Iterator[None]:
         raise StoreUnavailable(f"{what}: {name}: {exc.strerror or exc}") from exc
 
 
-def write_temp(path: Path, data: bytes, *, mode: int = 0o644) -> Path:
-    """Write ``data`` to a fresh hidden file next to ``path`` and fsync it; return its path.
+def write_temp(path: Path, data: bytes, *, mode: int = 0o644, durable: bool = True) -> Path:
+    """Write ``data`` to a fresh hidden file next to ``path`` and fsync it (unless not
+    ``durable``); return its path.
 
     ``path``'s directory must exist. The file gets ``mode`` less the process umask.
     """
@@ -142,7 +147,8 @@ def write_temp(path: Path, data: bytes, *, mode: int = 0o644) -> Path:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     except BaseException:
         os.close(fd)
         with contextlib.suppress(OSError):
@@ -152,34 +158,35 @@ def write_temp(path: Path, data: bytes, *, mode: int = 0o644) -> Path:
     return temp
 
 
-def commit_temp(temp: Path, path: Path) -> None:
-    """Atomically rename ``temp`` over ``path`` and make the rename durable."""
+def commit_temp(temp: Path, path: Path, *, durable: bool = True) -> None:
+    """Atomically rename ``temp`` over ``path`` and make the rename durable (if ``durable``)."""
     try:
         os.replace(temp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             temp.unlink()
         raise
-    _fsync_dir(path.parent)
+    if durable:
+        _fsync_dir(path.parent)
 
 
 #: tries of a put whose directory a concurrent delete removed between mkdir and the write
 _PUT_TRIES = 8
 
 
-def _put_file(path: Path, data: bytes) -> None:
+def _put_file(path: Path, data: bytes, durable: bool = True) -> None:
     for _ in range(_PUT_TRIES - 1):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            temp = write_temp(path, data)
+            temp = write_temp(path, data, durable=durable)
         except (FileNotFoundError, FileExistsError):
             # A delete pruned the (then empty) directory: make it again. (FileExistsError: mkdir
             # saw it exist, then it was pruned before mkdir's own is_dir() check.)
             continue
-        commit_temp(temp, path)  # (a directory holding our temp file is never pruned)
+        commit_temp(temp, path, durable=durable)  # (a directory holding our temp is not pruned)
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    commit_temp(write_temp(path, data), path)
+    commit_temp(write_temp(path, data, durable=durable), path, durable=durable)
 
 
 def _read_file(path: Path) -> bytes | None:

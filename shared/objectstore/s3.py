@@ -106,8 +106,8 @@ class S3Store(ObjectStore):
         )
         return cls(client, settings.bucket, resources)
 
-    async def put(self, key: str, data: bytes) -> str:
-        check_key(key)
+    async def put(self, key: str, data: bytes, *, durable: bool = True) -> str:
+        check_key(key)  # (a PUT that returned is durable: ``durable`` changes nothing)
         digest = sha256_hex(data)
         md5 = base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode()
         with _translate(f"put {key}"):

@@ -81,6 +81,16 @@ async def test_round_trip(store: ObjectStore, prefix: str) -> None:
     assert await store.exists(key)
 
 
+async def test_a_put_not_made_durable_reads_back_and_replaces_whole(
+    store: ObjectStore, prefix: str
+) -> None:
+    key = prefix + "tiles/j/0/result.npy"
+    digest = await store.put(key, b"first, longer than the second", durable=False)
+    assert digest == hashlib.sha256(b"first, longer than the second").hexdigest()
+    await store.put(key, b"second", durable=False)
+    assert await store.get(key, sha256=hashlib.sha256(b"second").hexdigest()) == b"second"
+
+
 async def test_size_and_ranges(store: ObjectStore, prefix: str) -> None:
     data = os.urandom(3000)
     key = prefix + "ranged.png"
@@ -272,7 +282,29 @@ async def test_directory_put_leaves_no_temp_files(tmp_path: Path) -> None:
     assert names == ["0.npy", "1.npy", "2.npy", "t"]
 
 
-async def test_directory_kill_mid_write_never_leaves_a_partial_file(tmp_path: Path) -> None:
+async def test_directory_fsyncs_the_file_and_its_directory_unless_not_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced = list[int]()
+    real = os.fsync
+
+    def counted(fd: int) -> None:
+        synced.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", counted)
+    store = await DirectoryStore.open(tmp_path)
+    await store.put("renders/j/image.png", b"png")
+    assert len(synced) == 2, "the file, then the directory holding its new name"
+    await store.put("tiles/j/0/result.npy", b"npy", durable=False)
+    assert len(synced) == 2, "no fsync for an object made again if lost"
+    assert await store.get("tiles/j/0/result.npy") == b"npy"
+
+
+@pytest.mark.parametrize("durable", [True, False])
+async def test_directory_kill_mid_write_never_leaves_a_partial_file(
+    tmp_path: Path, durable: bool
+) -> None:
     size = 4 * MiB
     script = textwrap.dedent(
         f"""
@@ -285,7 +317,7 @@ async def test_directory_kill_mid_write_never_leaves_a_partial_file(tmp_path: Pa
             store = await DirectoryStore.open(Path({str(tmp_path)!r}))
             i = 0
             while True:
-                await store.put("renders/j/x.npy", bytes([i % 251]) * {size})
+                await store.put("renders/j/x.npy", bytes([i % 251]) * {size}, durable={durable})
                 i += 1
                 print(i, flush=True)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -231,6 +232,24 @@ async def test_a_tile_of_a_job_the_worker_has_measured_starts_with_a_sized_pass(
     await rig.run(rig.delivery(tile_index=1))
     # 8 samples of 64 pixels take well under pass_seconds: the whole tile in one pass
     assert rig.kernels.ran[first_tile:] == [(0, 8)]
+
+
+async def test_a_result_object_is_written_without_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A result an OS crash loses fails its sha256 at finalization and is rendered again, so
+    the worker does not pay two fsyncs per tile for it (docs/architecture.md, step 6)."""
+    rig = await _rig(tmp_path)
+    as_object = dataclasses.replace(rig.ctx.worker_config, inline_result_bytes=0)
+    rig = dataclasses.replace(rig, ctx=dataclasses.replace(rig.ctx, worker_config=as_object))
+    synced = list[int]()
+    monkeypatch.setattr(os, "fsync", synced.append)
+    _, d = await rig.run()
+    assert d.settled == "ack"
+    tile = await rig.db.get_tile(rig.job.job_id, 0)
+    assert tile is not None and tile.result_key is not None, "the result is an object"
+    assert await rig.ctx.store.get(tile.result_key, sha256=tile.result_sha256)
+    assert synced == []
 
 
 async def test_a_failed_attempt_still_releases_its_lease(rig: Rig):
