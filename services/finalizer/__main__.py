@@ -15,7 +15,7 @@ from shared.service.runtime import Runtime, service_main
 async def run(rt: Runtime, stop: asyncio.Event) -> None:
     """Finalize jobs until ``stop``."""
     finalizer = Finalizer(rt)
-    read_ahead = await finalizer.subscribe_read_ahead()
+    read_ahead = await finalizer.subscribe_read_ahead() if finalizer.reads_ahead else None
     try:
         await consume(
             rt.js,
@@ -28,8 +28,9 @@ async def run(rt: Runtime, stop: asyncio.Event) -> None:
             grace=rt.settings.process.grace_period,
         )
     finally:
-        with contextlib.suppress(Exception):
-            await read_ahead.unsubscribe()
+        if read_ahead is not None:
+            with contextlib.suppress(Exception):
+                await read_ahead.unsubscribe()
 
 
 def main() -> int:

@@ -108,6 +108,10 @@ class ObjectStore(ABC):
     Use as ``async with await open_object_store(settings) as store:`` or call :meth:`close`.
     """
 
+    #: reads cross a network (S3): worth starting early. The directory store's are local
+    #: page-cache reads, about 10 us for a 64x64 tile's result (the finalizer's read-ahead)
+    remote: bool = False
+
     @abstractmethod
     async def put(self, key: str, data: bytes, *, durable: bool = True) -> str:
         """Store ``data`` under ``key`` atomically (replacing any object); return its sha256.

@@ -65,6 +65,8 @@ _RETRYABLE = frozenset(
 class S3Store(ObjectStore):
     """Objects in one S3 bucket. Build with :meth:`open`; :meth:`close` when done."""
 
+    remote = True
+
     def __init__(self, client: Any, bucket: str, resources: AsyncExitStack) -> None:
         # ``client`` is an aiobotocore S3 client; its precise type needs the S3 service stubs
         # (types-aiobotocore[s3]), which are not installed, so it is ``Any`` here.

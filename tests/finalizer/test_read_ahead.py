@@ -4,19 +4,42 @@ from __future__ import annotations
 
 import io
 import tokenize
+from contextlib import AsyncExitStack
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from services.finalizer.assemble import Finalizer
 from services.finalizer.cache import ReadAhead, Result
 from shared.core.errors import DecodeError
 from shared.core.tiles import load_npy, to_npy
+from shared.objectstore import DirectoryStore, ObjectStore
+from shared.objectstore.s3 import S3Store
+from shared.service.logs import Log
 
 
 def _acc(nbytes: int) -> np.ndarray:
     return np.zeros((1, nbytes // 24, 3))  # float64: 24 bytes a pixel
+
+
+def _finalizer(store: ObjectStore, budget: int) -> Finalizer:
+    """A finalizer over just what deciding to read ahead looks at."""
+    settings = SimpleNamespace(finalizer=SimpleNamespace(read_ahead_bytes=budget))
+    rt = SimpleNamespace(store=store, settings=settings, log=Log("test.read_ahead"))
+    return Finalizer(cast(Any, rt))
+
+
+def test_results_are_read_ahead_from_a_remote_store_only(tmp_path: Path) -> None:
+    local = DirectoryStore(tmp_path)
+    remote = S3Store(None, "bucket", AsyncExitStack())  # (no client call is made)
+    assert _finalizer(remote, 1 << 20).reads_ahead
+    assert not _finalizer(local, 1 << 20).reads_ahead, "page-cache reads: at finalization"
+    assert not _finalizer(remote, 0).reads_ahead, "no budget, no read-ahead"
 
 
 def test_read_ahead_is_bounded_by_whole_jobs() -> None:
