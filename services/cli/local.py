@@ -46,7 +46,8 @@ _REPO = Path(__file__).resolve().parent.parent.parent
 class ServiceProcesses:
     """A set of service processes sharing one environment (one test's namespace).
 
-    ``service_env`` adds per-service variables (with NATS auth: each service's own user URL).
+    ``service_env`` adds per-service variables (with NATS auth: each service's own user URL);
+    ``tree``: the checkout whose code the services run (default: this one).
     """
 
     def __init__(
@@ -55,10 +56,12 @@ class ServiceProcesses:
         log_dir: Path,
         *,
         service_env: Callable[[str], Mapping[str, str]] | None = None,
+        tree: Path | None = None,
     ) -> None:
         self.env = dict(env)
         self.log_dir = log_dir
         self.service_env = service_env
+        self.tree = _REPO if tree is None else tree
         self.procs: dict[str, ManagedProcess] = {}
 
     def start(
@@ -73,7 +76,7 @@ class ServiceProcesses:
             [sys.executable, "-m", f"services.{service}"],
             self.log_dir / f"{name}.log",
             env=full_env,
-            cwd=_REPO,
+            cwd=self.tree,
         )
         proc.start()
         self.procs[name] = proc
