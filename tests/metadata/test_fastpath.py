@@ -50,9 +50,11 @@ class Recording(MetadataStore):
         self.ran.append(f"statement {what}")
         return await super()._statement(what, fn)
 
-    async def _tx(self, what: str, fn: Callable[[Conn], Awaitable[T]]) -> T:
+    async def _tx(
+        self, what: str, fn: Callable[[Conn], Awaitable[T]], *, lock: int | None = None
+    ) -> T:
         self.ran.append(f"tx {what}")
-        return await super()._tx(what, fn)
+        return await super()._tx(what, fn, lock=lock)
 
 
 @pytest.fixture
