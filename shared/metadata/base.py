@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, Self, TypeVar
 
@@ -167,14 +166,11 @@ class StoreBase:
                         raise
                     return None
 
-    async def _tx(
-        self, what: str, fn: Callable[[Conn], Awaitable[T]], *, lock: int | None = None
-    ) -> T:
+    async def _tx(self, what: str, fn: Callable[[Conn], Awaitable[T]]) -> T:
         """Run ``fn`` in one transaction; rerun it on a CAS miss, deadlock or serialization failure.
 
         ``fn`` must decide everything from what it reads in the transaction, so a rerun makes
-        the decision again from fresh rows. ``lock``: the transaction starts holding
-        ``pg_advisory_xact_lock(lock)`` (:func:`_locked`: one round trip for both).
+        the decision again from fresh rows.
         """
         self._check_open(what)
         last: BaseException | None = None
@@ -182,7 +178,7 @@ class StoreBase:
             for _ in range(TX_ATTEMPTS):
                 try:
                     async with self._pool.acquire(timeout=self._acquire_timeout) as conn:
-                        return await _guarded(conn, fn, transaction=True, lock=lock)
+                        return await _guarded(conn, fn, transaction=True)
                 except CasMiss as exc:
                     last = exc
                 except asyncpg.PostgresError as exc:
@@ -198,9 +194,7 @@ class StoreBase:
             raise StoreUnavailable(f"metadata store is closed (during {what})")
 
 
-async def _guarded(
-    conn: Conn, fn: Callable[[Conn], Awaitable[T]], *, transaction: bool, lock: int | None = None
-) -> T:
+async def _guarded(conn: Conn, fn: Callable[[Conn], Awaitable[T]], *, transaction: bool) -> T:
     """Run ``fn``; a connection whose protocol broke (the server vanished under it) is dropped.
 
     asyncpg can notice a dead server as an internal protocol error, or as "connection is
@@ -210,8 +204,6 @@ async def _guarded(
     try:
         if not transaction:
             return await fn(conn)
-        if lock is not None:
-            return await _locked(conn, lock, fn)
         async with conn.transaction():
             return await fn(conn)
     except (asyncpg.exceptions.InternalClientError, asyncpg.InterfaceError) as exc:
@@ -221,25 +213,3 @@ async def _guarded(
         raise StoreUnavailable(
             f"metadata store connection broke: {type(exc).__name__}: {exc}"
         ) from exc
-
-
-async def _locked(conn: Conn, lock: int, fn: Callable[[Conn], Awaitable[T]]) -> T:
-    """``fn`` in a transaction that starts holding ``pg_advisory_xact_lock(lock)``.
-
-    ``BEGIN`` and the lock go as one simple-query message, where ``conn.transaction()`` and a
-    lock statement took two round trips (the dispatcher's round: issue 19). The lock is an
-    integer, so the text has no parameter to quote. Every statement of ``fn`` runs after the
-    lock is granted, in a snapshot of its own (READ COMMITTED), as before.
-    """
-    try:
-        await conn.execute(f"BEGIN; SELECT pg_advisory_xact_lock({int(lock)})")
-        result = await fn(conn)
-    except BaseException:
-        if not conn.is_closed():
-            # (a connection mid-query, its task cancelled, refuses: the pool's reset on release
-            # rolls it back or drops it, as after ``conn.transaction()``)
-            with contextlib.suppress(asyncpg.PostgresError, asyncpg.InterfaceError):
-                await conn.execute("ROLLBACK")
-        raise
-    await conn.execute("COMMIT")
-    return result

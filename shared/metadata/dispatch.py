@@ -2,8 +2,7 @@
 
 One transaction (:func:`release`):
 
-1. ``pg_advisory_xact_lock(DISPATCH_LOCK)``, taken with the transaction's ``BEGIN`` in one
-   message (``StoreBase._tx(lock=...)``): dispatchers (one per scheduler) release one at a
+1. ``pg_advisory_xact_lock(DISPATCH_LOCK)``: dispatchers (one per scheduler) release one at a
    time, so each counts the tiles the previous one released and the window holds across them;
 2. one statement (:func:`_standing`) reads the released-and-unfinished tiles per renderer and
    project, the waiting jobs and their projects' weights and caps;
@@ -203,8 +202,8 @@ async def _stamp(conn: Conn, picks: Mapping[str, int]) -> list[Tile]:
 async def release(
     conn: Conn, capacity: Mapping[str, int], *, limit: int, usage_window: float
 ) -> Released:
-    """One release round (see the module docstring); at most ``limit`` tiles. The caller's
-    transaction holds ``pg_advisory_xact_lock(DISPATCH_LOCK)`` from its start."""
+    """One release round (see the module docstring); at most ``limit`` tiles."""
+    await conn.execute("SELECT pg_advisory_xact_lock($1)", DISPATCH_LOCK)
     # (the waiting jobs are read for every renderer with a capacity, counted up to the largest
     # budget a round can have, so one statement serves before the budgets are known)
     cap = max((min(c, limit) for c in capacity.values()), default=0)

@@ -325,7 +325,6 @@ class MetadataStore(StoreBase):
         return await self._tx(
             "release_tiles",
             lambda c: dispatch.release(c, capacity, limit=limit, usage_window=usage_window),
-            lock=dispatch.DISPATCH_LOCK,
         )
 
     async def unreleased_tiles(self) -> int:

@@ -7,7 +7,6 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
 import asyncpg
 import pytest
@@ -168,32 +167,3 @@ def _answers(store: MetadataStore) -> Callable[[], object]:
         return True
 
     return probe
-
-
-async def test_a_locked_transaction_holds_its_lock_to_the_end_and_rolls_back_on_failure(
-    store: MetadataStore, database_url: str
-) -> None:
-    """``_tx(lock=...)``: BEGIN and the advisory lock in one message; the lock is held until
-    the transaction ends, and a failure rolls back its writes and gives the lock up."""
-    lock = 424242
-    other = await asyncpg.connect(database_url)
-    try:
-        await other.execute("CREATE TABLE locked_probe (n int)")
-
-        async def held(conn: Any) -> bool:
-            await conn.execute("INSERT INTO locked_probe VALUES (1)")
-            return bool(await other.fetchval("SELECT pg_try_advisory_xact_lock($1)", lock))
-
-        assert await store._tx("probe", held, lock=lock) is False, "held by the transaction"
-        assert await other.fetchval("SELECT count(*) FROM locked_probe") == 1, "committed"
-
-        async def fails(conn: Any) -> None:
-            await conn.execute("INSERT INTO locked_probe VALUES (2)")
-            raise ValueError("the round failed")
-
-        with pytest.raises(ValueError, match="the round failed"):
-            await store._tx("probe", fails, lock=lock)
-        assert await other.fetchval("SELECT count(*) FROM locked_probe") == 1, "rolled back"
-        assert await other.fetchval("SELECT pg_try_advisory_lock($1)", lock), "given up"
-    finally:
-        await other.close()

@@ -50,11 +50,9 @@ class Recording(MetadataStore):
         self.ran.append(f"statement {what}")
         return await super()._statement(what, fn)
 
-    async def _tx(
-        self, what: str, fn: Callable[[Conn], Awaitable[T]], *, lock: int | None = None
-    ) -> T:
+    async def _tx(self, what: str, fn: Callable[[Conn], Awaitable[T]]) -> T:
         self.ran.append(f"tx {what}")
-        return await super()._tx(what, fn, lock=lock)
+        return await super()._tx(what, fn)
 
 
 @pytest.fixture
