@@ -331,12 +331,13 @@ class FinalizerSettings:
         read_by="finalizer",
         minimum=1,
     )
-    #: bytes of tile results a finalizer reads ahead as their tile-done events arrive, so a
-    #: job's finalization does not start by reading every tile (0 = no read-ahead)
+    #: bytes of tile results a finalizer reads ahead from S3 as their tile-done events arrive,
+    #: so a job's finalization does not start by reading every tile (0 = no read-ahead; the
+    #: directory store's results are always read at finalization)
     read_ahead_bytes: int = _knob(
         256 * MiB,
         "TESSERA_READ_AHEAD_BYTES",
-        "tile results a finalizer reads ahead as tile-done events arrive (0: none)",
+        "tile results a finalizer reads ahead from S3 as tile-done events arrive (0: none)",
         read_by="finalizer",
         minimum=0,
     )
