@@ -267,24 +267,28 @@ class JobCache:
 
 
 class PassRates:
-    """Seconds of one core per pixel-sample of each job's last adaptive pass on this worker
+    """Seconds of one core per pixel-sample of each job's slowest adaptive pass on this worker
     (at most ``size`` jobs, the least recently measured dropped): a tile whose job this worker
     has already rendered sizes its first pass from it (:func:`services.worker.render.first_pass`)
-    instead of starting at ``TESSERA_SAMPLES_PER_PASS``."""
+    instead of starting at ``TESSERA_SAMPLES_PER_PASS``. The slowest, not the last: a scene's
+    tiles differ in cost (sky, glass), and a first pass sized on a cheap tile's rate would run
+    long on an expensive one; sized on the slowest seen, it errs towards short passes, as the
+    later ones do."""
 
     def __init__(self, size: int = 64) -> None:
         self.size = size
         self._rates: OrderedDict[str, float] = OrderedDict()
 
     def get(self, job_id: str) -> float | None:
-        """The job's last measured rate, or ``None``."""
+        """The job's slowest measured rate, or ``None``."""
         return self._rates.get(job_id)
 
     def record(self, job_id: str, seconds: float, pixel_samples: int) -> None:
         """A pass of ``pixel_samples`` took ``seconds`` of one core (nothing measured: ignored)."""
         if seconds <= 0 or pixel_samples <= 0:
             return
-        self._rates[job_id] = seconds / pixel_samples
+        rate = seconds / pixel_samples
+        self._rates[job_id] = max(rate, self._rates.get(job_id, rate))
         self._rates.move_to_end(job_id)
         while len(self._rates) > self.size:
             self._rates.popitem(last=False)
@@ -356,5 +360,5 @@ class TileContext:
     retry: RetryPolicy
     node: str
     log: Log
-    #: the measured rate of each job's passes (the first pass of its next tile)
+    #: the slowest measured rate of each job's passes (the first pass of its next tile)
     rates: PassRates = dataclasses.field(default_factory=PassRates)

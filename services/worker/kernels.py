@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import math
 import threading
@@ -75,13 +76,21 @@ class KernelThreads:
         bands = min(bands, rows)
         cuts = [rows * i // bands for i in range(bands + 1)]
         one = _Pass(asyncio.get_running_loop(), bands, self._count_down)
-        calls = []
+        calls: list[Future[None]] = []
         for i, (top, bottom) in enumerate(itertools.pairwise(cuts)):
             band = Rect(rect.x0, rect.y0 + top, rect.x1, rect.y0 + bottom)
             with self._lock:
                 self.running += 1
-            call = self.executor.submit(one.band, i, prepared, band, start, end, acc[top:bottom])
-            call.add_done_callback(self._unstarted)
+            try:
+                call = self.executor.submit(
+                    one.band, i, prepared, band, start, end, acc[top:bottom]
+                )
+            except BaseException:  # (the threads were shut down): nothing of the pass runs
+                self._count_down()
+                for call in calls:
+                    call.cancel()
+                raise
+            call.add_done_callback(functools.partial(self._unstarted, one, i))
             calls.append(call)
         try:
             took = await one.future
@@ -98,9 +107,12 @@ class KernelThreads:
         with self._lock:
             self.running -= 1
 
-    def _unstarted(self, call: Future[None]) -> None:
+    def _unstarted(self, one: _Pass, i: int, call: Future[None]) -> None:
+        # A band cancelled before it started (its pass given up, or the threads shut down):
+        # counted down, and ended in its pass, which is then settled if it was the last.
         if call.cancelled():
             self._count_down()
+            one.end(i, 0.0, asyncio.CancelledError())
 
 
 class _Pass:
@@ -130,6 +142,11 @@ class _Pass:
         except BaseException as exc:  # handed to the awaiting task, never lost with the thread
             error = exc
         self._ended()
+        self.end(i, took, error)
+
+    def end(self, i: int, took: float, error: BaseException | None) -> None:
+        """Band ``i`` ended (ran, failed, or was cancelled before it started); the last band
+        to end settles the pass on the loop (any thread)."""
         with self._lock:
             self._took[i] = took
             if error is not None and self._error is None:

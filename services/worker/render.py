@@ -85,6 +85,7 @@ class Render:
         self._last_read = 0.0  # when the job's row was last read (monotonic)
         #: seconds of one core the passes rendered so far took (what each pass reported)
         self.render_seconds = 0.0
+        self._adaptive = False  # passes sized by rate (the renderer has no pass plan)
 
     async def run(self, acc: Accumulator, cp: Checkpoints) -> Finished | Stopped:
         """Render from ``cp.resumed_from`` to the job's spp into ``acc``, checkpointing.
@@ -101,6 +102,7 @@ class Render:
         plan = self.renderer.passes(job)
         if plan is not None:
             plan = check_plan(plan, job.spp)
+        self._adaptive = plan is None
         rect: Rect = self.tile.rect
         interruptible = self.renderer.interruptible
         samples = cp.resumed_from
@@ -203,7 +205,8 @@ class Render:
             raise Stalled(f"samples {start}..{end} made no progress") from None
         self.render_seconds += seconds
         samples = (end - start) * _pixels(rect)
-        self.ctx.rates.record(self.job.job_id, seconds, samples)
+        if self._adaptive:  # (a renderer with a pass plan never reads the rates)
+            self.ctx.rates.record(self.job.job_id, seconds, samples)
         self.ctx.metrics.samples_rendered.inc(samples)
 
 
@@ -229,7 +232,7 @@ def first_pass(rate: float | None, pixels: int, tuning: WorkerSettings) -> int:
     """Samples per pixel of an adaptive tile's first pass over ``pixels``.
 
     ``samples_per_pass`` while the job's ``rate`` (seconds of one core per pixel-sample, of its
-    last pass on this worker: :class:`~services.worker.context.PassRates`) is unknown; then
+    slowest pass on this worker: :class:`~services.worker.context.PassRates`) is unknown; then
     sized to take about ``pass_seconds`` of one core, within the bounds of :func:`pass_size`
     (at least ``samples_per_pass``, at most 16 times it). Starting every tile at
     ``samples_per_pass`` cost its tiles two more passes each (issue 19: 64x64 tiles of 64

@@ -90,6 +90,56 @@ async def test_a_long_pass_is_split_into_bands_even_with_every_thread_busy(
     np.testing.assert_array_equal(rows, alone)
 
 
+async def test_a_pass_of_many_bands_wakes_the_loop_once(
+    prepared: kernel.Prepared, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loop = asyncio.get_running_loop()
+    woken = list[object]()
+    real = loop.call_soon_threadsafe
+
+    def counted(callback: Any, *args: Any, **kwargs: Any) -> Any:
+        woken.append(callback)
+        return real(callback, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_soon_threadsafe", counted)
+    threads = KernelThreads(2)
+    try:
+        threads._rates[prepared] = 3.5 * BAND_SECONDS / RECT_WORK  # four bands
+        await threads.render(prepared, RECT, 0, 3, zeros_for(RECT))
+    finally:
+        threads.executor.shutdown()
+    assert len(woken) == 1, f"one call for the pass's four bands, not {len(woken)}"
+
+
+async def test_a_pass_whose_threads_shut_down_under_it_is_cancelled_not_left_waiting(
+    prepared: kernel.Prepared, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def held(prepared: Any, band: kernel.Rect, *rest: Any) -> float:
+        started.set()
+        release.wait(10)
+        return 0.01
+
+    monkeypatch.setattr(kernels, "_timed", held)
+    threads = KernelThreads(1)
+    try:
+        threads._rates[prepared] = 3.5 * BAND_SECONDS / RECT_WORK  # four bands, one thread
+        task = asyncio.create_task(threads.render(prepared, RECT, 0, 3, zeros_for(RECT)))
+        assert await asyncio.to_thread(started.wait, 10), "the first band started"
+        threads.executor.shutdown(wait=False, cancel_futures=True)  # as the worker's close()
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)  # settled by its last band, not a timeout
+        assert threads.running == 0
+        with pytest.raises(RuntimeError):  # no thread left: nothing submitted, nothing counted
+            await threads.render(prepared, RECT, 0, 3, zeros_for(RECT))
+        assert threads.running == 0
+    finally:
+        release.set()
+        threads.executor.shutdown()
+
+
 async def test_a_failing_band_fails_its_pass_once_every_band_has_ended(
     prepared: kernel.Prepared, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -153,7 +203,7 @@ async def test_split_calls_are_counted_while_they_run(prepared: kernel.Prepared)
         await asyncio.sleep(0)  # the task submits both bands before its first wait
         assert threads.running == 2
         await task
-        # each call counts itself down (on the loop) before its result is delivered
+        # each band counts itself down (on its thread) before the pass reaches the loop
         assert threads.running == 0
     finally:
         threads.executor.shutdown()
@@ -194,9 +244,9 @@ def test_pass_rates_keep_each_jobs_last_measure_for_a_bounded_number_of_jobs() -
     rates = PassRates(size=2)
     rates.record("a", 0.0, 100)  # nothing measured (an inline pass too fast for the clock)
     assert rates.get("a") is None
-    rates.record("a", 1.0, 100)
     rates.record("a", 2.0, 100)
-    assert rates.get("a") == 0.02, "the last pass's rate"
+    rates.record("a", 1.0, 100)
+    assert rates.get("a") == 0.02, "the slowest pass's rate, not the last"
     rates.record("b", 1.0, 10)
     rates.record("c", 1.0, 10)
     assert rates.get("a") is None and rates.get("b") == 0.1 and rates.get("c") == 0.1
