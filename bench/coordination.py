@@ -10,7 +10,9 @@ spell of this shared machine weighs on both alike.
 Per job and process, the CPU of every thread (``/proc/<pid>/task/<tid>/schedstat``: run time
 in nanoseconds, where ``bench.counters`` reads clock ticks of 10 ms) of the service or server
 and its children, the worker's kernel threads (``kernel_<n>``, named by ``bench/threadnames/``)
-counted apart: coordination = the rest, divided by the tiles. Printed: the medians per tree and
+counted apart: coordination = the rest, divided by the tiles. Only threads and processes alive
+at both readings count: one that ends during a job (a PostgreSQL backend of a reconnect) takes
+its CPU with it, alike for both sets. Printed: the medians per tree and
 per process, and the ratio of coordination to kernel CPU. NATS and PostgreSQL serve both sets,
 so their figures include the idle set's few background requests, alike for both.
 """

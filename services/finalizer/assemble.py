@@ -89,9 +89,10 @@ class Finalizer:
 
         The read-ahead hides the store's latency at finalization. A directory store's reads
         are local (page cache), so there it would save the tail little and cost a wake-up of
-        the finalizer per tile on the cores it shares: ``bench.pipeline`` (a), 64x64 tiles on 2
-        shared cores, finalizer 1.66 → 1.01 core-ms and NATS 2.72 → 2.53 per tile without the
-        subscription, the job's wall time no longer (docs/architecture.md, "Finalizer flow").
+        the finalizer per tile on the cores it shares: (a)'s jobs side by side with and without
+        the subscription (as ``bench.coordination`` runs them), finalizer 1.66 → 1.01 core-ms and
+        NATS 2.72 → 2.53 per tile, the job's wall time no longer (docs/architecture.md,
+        "Finalizer flow").
         """
         return self.read_ahead.budget > 0 and self.rt.store.remote
 

@@ -3,7 +3,7 @@
 Other modules use only what this package exports::
 
     store = await open_object_store(settings.object_store)
-    digest = await store.put(tile_result_key(job, i, sha), data)
+    digest = await store.put(tile_result_key(job, i, sha), data, durable=False)
     data = await store.get(key, sha256=digest)   # CorruptObject if the bytes differ
 
 See :mod:`shared.objectstore.base` for the error types. :class:`S3Store` (aioboto3, part of the
