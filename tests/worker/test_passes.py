@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,43 @@ def prepared() -> kernel.Prepared:
 RECT = kernel.Rect(8, 4, 40, 37)
 #: pixel-samples of a pass of 3 samples over RECT
 RECT_WORK = 32 * 33 * 3
+
+
+def _four_bands(threads: KernelThreads, prepared: kernel.Prepared) -> None:
+    """Make the scene's measured rate say a pass over RECT takes 3.5 bands' time: four bands."""
+    threads._rates[prepared] = 3.5 * BAND_SECONDS / RECT_WORK
+
+
+class _Held:
+    """Stands for the kernel call: each band records itself, then waits for ``release``."""
+
+    def __init__(self) -> None:
+        self.started, self.release = threading.Event(), threading.Event()
+        self.ran: list[kernel.Rect] = []
+
+    def __call__(self, prepared: Any, band: kernel.Rect, *rest: Any) -> float:
+        self.ran.append(band)
+        self.started.set()
+        self.release.wait(10)
+        return 0.01
+
+
+@pytest.fixture
+async def held_pass(
+    prepared: kernel.Prepared, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[KernelThreads, _Held, asyncio.Task[float]]]:
+    """A four-band pass over RECT on one kernel thread, its first band running and held."""
+    held = _Held()
+    monkeypatch.setattr(kernels, "_timed", held)
+    threads = KernelThreads(1)
+    try:
+        _four_bands(threads, prepared)
+        task = asyncio.create_task(threads.render(prepared, RECT, 0, 3, zeros_for(RECT)))
+        assert await asyncio.to_thread(held.started.wait, 10), "the first band started"
+        yield threads, held, task
+    finally:
+        held.release.set()
+        threads.executor.shutdown()
 
 
 def _alone(prepared: kernel.Prepared) -> Accumulator:
@@ -73,7 +111,7 @@ async def test_a_long_pass_is_split_into_bands_even_with_every_thread_busy(
     try:
         split, rows = zeros_for(rect), zeros_for(rect)
         threads.running = 2  # every thread busy: only the predicted time splits the pass
-        threads._rates[prepared] = 3.5 * BAND_SECONDS / work  # a pass of 3.5 bands' time
+        _four_bands(threads, prepared)  # a pass of 3.5 bands' time
         took = await threads.render(prepared, rect, 0, 3, split)
         assert took > 0, "the bands' seconds on their threads, summed"
         assert len(bands) == 4
@@ -104,7 +142,7 @@ async def test_a_pass_of_many_bands_wakes_the_loop_once(
     monkeypatch.setattr(loop, "call_soon_threadsafe", counted)
     threads = KernelThreads(2)
     try:
-        threads._rates[prepared] = 3.5 * BAND_SECONDS / RECT_WORK  # four bands
+        _four_bands(threads, prepared)
         await threads.render(prepared, RECT, 0, 3, zeros_for(RECT))
     finally:
         threads.executor.shutdown()
@@ -112,32 +150,17 @@ async def test_a_pass_of_many_bands_wakes_the_loop_once(
 
 
 async def test_a_pass_whose_threads_shut_down_under_it_is_cancelled_not_left_waiting(
-    prepared: kernel.Prepared, monkeypatch: pytest.MonkeyPatch
+    prepared: kernel.Prepared, held_pass: tuple[KernelThreads, _Held, asyncio.Task[float]]
 ) -> None:
-    started, release = threading.Event(), threading.Event()
-
-    def held(prepared: Any, band: kernel.Rect, *rest: Any) -> float:
-        started.set()
-        release.wait(10)
-        return 0.01
-
-    monkeypatch.setattr(kernels, "_timed", held)
-    threads = KernelThreads(1)
-    try:
-        threads._rates[prepared] = 3.5 * BAND_SECONDS / RECT_WORK  # four bands, one thread
-        task = asyncio.create_task(threads.render(prepared, RECT, 0, 3, zeros_for(RECT)))
-        assert await asyncio.to_thread(started.wait, 10), "the first band started"
-        threads.executor.shutdown(wait=False, cancel_futures=True)  # as the worker's close()
-        release.set()
-        with pytest.raises(asyncio.CancelledError):
-            await asyncio.wait_for(task, 10)  # settled by its last band, not a timeout
-        assert threads.running == 0
-        with pytest.raises(RuntimeError):  # no thread left: nothing submitted, nothing counted
-            await threads.render(prepared, RECT, 0, 3, zeros_for(RECT))
-        assert threads.running == 0
-    finally:
-        release.set()
-        threads.executor.shutdown()
+    threads, held, task = held_pass
+    threads.executor.shutdown(wait=False, cancel_futures=True)  # as the worker's close()
+    held.release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)  # settled by its last band, not a timeout
+    assert threads.running == 0
+    with pytest.raises(RuntimeError):  # no thread left: nothing submitted, nothing counted
+        await threads.render(prepared, RECT, 0, 3, zeros_for(RECT))
+    assert threads.running == 0
 
 
 async def test_a_failing_band_fails_its_pass_once_every_band_has_ended(
@@ -154,7 +177,7 @@ async def test_a_failing_band_fails_its_pass_once_every_band_has_ended(
     monkeypatch.setattr(kernels, "_timed", second_fails)
     threads = KernelThreads(2)
     try:
-        threads._rates[prepared] = 3.5 * BAND_SECONDS / RECT_WORK  # four bands
+        _four_bands(threads, prepared)
         with pytest.raises(ValueError, match="a band's kernel call failed"):
             await threads.render(prepared, RECT, 0, 3, zeros_for(RECT))
         assert sorted(ended) == [4, 20, 28], "the other bands ran to their end first"
@@ -164,35 +187,18 @@ async def test_a_failing_band_fails_its_pass_once_every_band_has_ended(
 
 
 async def test_a_cancelled_pass_leaves_its_bands_not_yet_started_unrun(
-    prepared: kernel.Prepared, monkeypatch: pytest.MonkeyPatch
+    held_pass: tuple[KernelThreads, _Held, asyncio.Task[float]],
 ) -> None:
     # the watchdog gives up on a pass: its queued bands must not keep the thread busy
-    rect = RECT
-    started, release, ran = threading.Event(), threading.Event(), list[kernel.Rect]()
-
-    def held(prepared: Any, band: kernel.Rect, *rest: Any) -> float:
-        ran.append(band)
-        started.set()
-        release.wait(10)
-        return 0.01
-
-    monkeypatch.setattr(kernels, "_timed", held)
-    threads = KernelThreads(1)
-    try:
-        threads._rates[prepared] = 3.5 * BAND_SECONDS / RECT_WORK  # four bands
-        task = asyncio.create_task(threads.render(prepared, rect, 0, 3, zeros_for(rect)))
-        assert await asyncio.to_thread(started.wait, 10), "the first band started"
-        assert threads.running == 4
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        release.set()
-        await asyncio.to_thread(threads.executor.shutdown)  # the running band ends
-        assert len(ran) == 1, "the three queued bands were cancelled with the pass"
-        await eventually(lambda: threads.running == 0, what="every band counted down", timeout=5)
-    finally:
-        release.set()
-        threads.executor.shutdown()
+    threads, held, task = held_pass
+    assert threads.running == 4
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    held.release.set()
+    await asyncio.to_thread(threads.executor.shutdown)  # the running band ends
+    assert len(held.ran) == 1, "the three queued bands were cancelled with the pass"
+    await eventually(lambda: threads.running == 0, what="every band counted down", timeout=5)
 
 
 async def test_split_calls_are_counted_while_they_run(prepared: kernel.Prepared) -> None:
