@@ -20,6 +20,7 @@ class                 fields
 ``JobEvent``          job_id, kind, generation, detail, result_key | None      (``EVENTS``)
 ``DeadLetter``        job_id, unit, reason, error, source_stream, source_seq, deliveries,
                       subject, payload (the original message bytes)            (``DLQ``)
+``Room``              tiles                       (core NATS ``tessera.room``, to the dispatchers)
 ====================  ===========================================================================
 
 :meth:`Message.headers` names a message in readable NATS headers (``Tessera-Kind``,
@@ -37,6 +38,7 @@ class                 headers
 ``JobEvent``          Kind (the event kind, e.g. ``job-completed``), Job, Generation
 ``DeadLetter``        Kind ``dead-letter``, Job, Unit, Tile (``tile-<i>`` units), Reason, Source
                       (``<stream>:<seq>``), Deliveries
+``Room``              Kind ``room``
 ====================  ===========================================================================
 """
 
@@ -340,3 +342,20 @@ class DeadLetter(Message):
         if tile != self.unit and tile.isdigit():
             found[n.HDR_TILE] = tile
         return found
+
+
+@dataclass(frozen=True, slots=True)
+class Room(Message):
+    """``tiles`` tiles have left a worker's hand since its last ``Room`` (settled: done,
+    failed, handed back): the dispatchers' nudge, sent on core NATS every few tiles instead of
+    one tile-done event heard per tile (docs/architecture.md, "Scheduler")."""
+
+    tiles: int
+
+    def __post_init__(self) -> None:
+        if self.tiles < 1:
+            raise ValueError(f"tiles must be at least 1, got {self.tiles}")
+
+    def headers(self) -> dict[str, str]:
+        """Kind ``room``."""
+        return {n.HDR_KIND: n.KIND_ROOM}

@@ -91,6 +91,7 @@ HDR_DELIVERIES = "Tessera-Deliveries"
 KIND_JOB = "job"
 KIND_TILE = "tile"
 KIND_DEAD_LETTER = "dead-letter"
+KIND_ROOM = "room"
 
 DLQ_UNIT_JOB = "job"
 DLQ_UNIT_FINAL = "final"
@@ -401,6 +402,12 @@ class Names:
     def tiles_done_filter(self) -> str:
         """Filter of the finalizer consumer: every job's tiles-done events."""
         return self._subject(f"tessera.events.*.{EventKind.TILES_DONE.value}")
+
+    @property
+    def room_subject(self) -> str:
+        """Core-NATS subject of the workers' :class:`~proto.messages.Room` messages to the
+        dispatchers (no stream captures it: a hint, like a tile-done nudge)."""
+        return self._subject("tessera.room")
 
     @property
     def dlq_subjects(self) -> str:

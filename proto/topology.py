@@ -68,9 +68,9 @@ DESCRIPTIONS: dict[str, str] = {
     "samples_done, checkpoint_key, attempt_id} of the tile's newest checkpoint. Written and read "
     "by workers (resume after a crash); read by tessera gc.",
     n.BUCKET_WORKERS: "Tessera live workers: worker.<node> -> JSON {node, threads, in_hand, "
-    "renderers {name: version}, version, started_at, current [[job, tile], ...]}, put with a "
-    "TTL and refreshed every few seconds by each worker, deleted on a clean stop. Read by the "
-    "scheduler's dispatcher (the release window) and tessera top.",
+    "renderers {name: version}, version, started_at, current [[job, tile], ...], room}, put "
+    "with a TTL and refreshed every few seconds by each worker, deleted on a clean stop. Read "
+    "by the scheduler's dispatcher (the release window, how it hears of room) and tessera top.",
     n.CONSUMER_SCHEDULER_JOBS: "Scheduler: plans each job into tile rows; its dispatcher "
     "releases them into TILES as workers have room.",
     n.CONSUMER_WORKERS: "Workers with the tessera renderer (numba kernel): render one tile per "

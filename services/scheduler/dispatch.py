@@ -23,10 +23,13 @@ joining, a lost nudge): a nudge ends any wait at once. Every new plan of this pr
 planner and every job-control event (:data:`proto.names.DISPATCH_NUDGES`: a resume makes
 tiles releasable again; a pause, cancel, failure or dead letter frees room; a retry) start one
 at once;
-tile-done events (a plain core-NATS subscription to the EVENTS tile-done subjects: a hint that
-a worker has room, not a durable consumer) start one after ``refill`` of them (with long
-tiles, no buffer, the fewest tiles a live worker holds beyond one per thread: as many as its
-threads by default; with a buffer, half the buffer has been taken by then). The timer waits
+tiles that left a worker's hand start one after ``refill`` of them (with long tiles, no buffer,
+the fewest tiles a live worker holds beyond one per thread: as many as its threads by default;
+with a buffer, half the buffer has been taken by then). The workers count them and say how many
+in a ``Room`` message every few tiles (``tessera.room``, core NATS: a hint, not a durable
+consumer; :mod:`services.worker.room`); while a live worker does not announce that it sends them
+(one from before them), the dispatcher counts the tile-done events instead, one per tile, as it
+did before. The timer waits
 ``TESSERA_DISPATCH_INTERVAL``, doubled after each round that released nothing up to
 ``TESSERA_DISPATCH_IDLE_INTERVAL`` and left as it was by a round that released tiles on a nudge
 (:func:`backoff_after`, :func:`idle_wait`): an idle farm, or one whose windows are full between
@@ -45,11 +48,13 @@ import math
 from collections.abc import Mapping
 
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
 from proto import names as n
+from proto.messages import Room
 from shared.core import crash
 from shared.core import window as rule
-from shared.core.errors import RetryableError, TerminalError
+from shared.core.errors import DecodeError, RetryableError, TerminalError
 from shared.core.runs import run_length
 from shared.core.window import Ewma, Window
 from shared.metadata import Tile
@@ -96,8 +101,11 @@ class Dispatcher:
         self._tile_seconds: dict[str, float] = {}
         self._tile_seconds_at = -math.inf
         self._backlog_at = -math.inf
-        self._done = 0  # tile-done nudges since the last round started
-        self._refill = 1  # tile-done nudges that make a round due
+        self._done = 0  # tiles done (or left a worker's hand) since the last round started
+        self._refill = 1  # such tiles that make a round due
+        #: every live worker sends ``Room`` messages: count them, not tile-done events
+        self.rooms = False
+        self._tile_dones: Subscription | None = None
         self._nudged_at: float | None = None  # first due nudge since the last round started
         self._empty = 0  # the timer's backoff: rounds since one it started found tiles
 
@@ -107,15 +115,16 @@ class Dispatcher:
             self._nudged_at = asyncio.get_running_loop().time()
         self.wake.set()
 
-    def tile_done(self) -> None:
-        """A tile finished: a round is due after ``refill`` of these."""
-        self._done += 1
+    def tile_done(self, tiles: int = 1) -> None:
+        """``tiles`` finished (or left a worker's hand): a round is due after ``refill``."""
+        self._done += tiles
         if self._done >= self._refill:
             self.nudge()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Rounds until ``stop``."""
-        sub = await self.rt.nc.subscribe(self.rt.names.tile_done_filter, cb=self._on_done)
+        room = await self.rt.nc.subscribe(self.rt.names.room_subject, cb=self._on_room)
+        await self._hear_tile_dones()
         controls = [
             await self.rt.nc.subscribe(self.rt.names.event_filter(kind), cb=self._on_control)
             for kind in n.DISPATCH_NUDGES
@@ -134,6 +143,7 @@ class Dispatcher:
                     if nudged_at is not None:
                         self.gap.add(loop.time() - nudged_at)
                     await self._count_backlog()
+                    await self._hear_tile_dones()
                 except (RetryableError, TerminalError) as exc:
                     self.log.warning("dispatch round failed; next round retries", error=str(exc))
                 if not full:
@@ -142,12 +152,36 @@ class Dispatcher:
                     await _first(stop, self.wake, wait)
         finally:
             with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+                await room.unsubscribe()
+                if self._tile_dones is not None:
+                    await self._tile_dones.unsubscribe()
                 for control in controls:
                     await control.unsubscribe()
 
+    async def _hear_tile_dones(self) -> None:
+        """Subscribe to the tile-done events while a live worker sends no ``Room`` messages
+        (:attr:`rooms`, from the last capacity reading), unsubscribe once every one does: then
+        the scheduler is not woken by every tile."""
+        if self.rooms and self._tile_dones is not None:
+            sub, self._tile_dones = self._tile_dones, None
+            await sub.unsubscribe()
+        elif not self.rooms and self._tile_dones is None:
+            done = self.rt.names.tile_done_filter
+            self._tile_dones = await self.rt.nc.subscribe(done, cb=self._on_done)
+
     async def _on_done(self, _msg: Msg) -> None:
-        self.tile_done()
+        if not self.rooms:
+            self.tile_done()
+
+    async def _on_room(self, msg: Msg) -> None:
+        if not self.rooms:
+            return  # the tile-done events are counted (a live worker sends no Room)
+        try:
+            room = Room.decode(msg.data)
+        except DecodeError as exc:
+            self.log.warning("undecodable room message ignored", error=str(exc))
+            return
+        self.tile_done(room.tiles)
 
     async def _on_control(self, _msg: Msg) -> None:
         self.nudge()
@@ -161,6 +195,7 @@ class Dispatcher:
             live = await self.workers.list()
             self._threads = capacity(live, 1.0)
             self._spare = spare(live, self.config.dispatch_factor)
+            self.rooms = bool(live) and all(w.room for w in live)
             self._threads_at = loop.time()
         if loop.time() - self._tile_seconds_at >= TILE_SECONDS_REFRESH:
             self._tile_seconds = await self.rt.db.tile_seconds(TILE_SECONDS_WINDOW)

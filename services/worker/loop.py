@@ -21,6 +21,7 @@ from services.worker.context import JobCache, NatsTileEvents, StopView, TileCont
 from services.worker.kernels import KernelThreads
 from services.worker.presence import Presence
 from services.worker.renderers.tessera import TesseraKernel
+from services.worker.room import RoomCount, RoomNudges
 from services.worker.scenes import AssetSource, SceneCache
 from shared.metadata import Job
 from shared.service.consume import consume_many
@@ -67,6 +68,11 @@ class Worker:
         self.jobs = JobCache(rt.db, config.job_cache)
         #: the tiles of the TILES messages in hand, once decoded (``tessera top`` shows them)
         self.current: dict[int, TileMessage] = {}
+        #: the dispatchers' nudge: a ``Room`` every few tiles that leave the hand
+        self.room = RoomNudges(
+            rt.nc, rt.names.room_subject, RoomCount(threads=self.slots, in_hand=self.in_hand),
+            self.log,
+        )  # fmt: skip
         self.presence = Presence(
             rt,
             threads=self.slots,
@@ -151,7 +157,9 @@ class Worker:
         try:
             await run.handle(self.context, Delivery.of(self.rt, msg), holding)
         finally:
-            self.current.pop(id(msg), None)
+            message = self.current.pop(id(msg), None)
+            held = sum(len(m.tiles) for m in list(self.current.values()))
+            await self.room.left(len(message.tiles) if message is not None else 1, held)
 
     def _current_tiles(self) -> list[list[object]]:
         """``[job_id, tile_index]`` of the messages in hand."""

@@ -62,6 +62,7 @@ class Presence:
             version=self.version,
             started_at=self.started_at,
             current=self.current(),
+            room=True,
         )
 
     async def run(self, stop: asyncio.Event) -> None:

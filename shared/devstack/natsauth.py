@@ -17,12 +17,14 @@ gateway        serve ``tessera.api.>`` in its queue group and reply (``allow_res
 scheduler      consume JOBS and ADVISORIES; publish TILES, DLQ copies, job-dead-lettered and
                job-failed (deadlines);
                read/delete messages of JOBS/TILES (exhausted deliveries, sweeper); read leases
-               and live workers; hear tile-done and job-control events (resumed, paused,
-               cancelled, failed, dead-lettered, retried: the dispatcher's nudges);
+               and live workers; hear ``tessera.room``, tile-done and job-control events
+               (resumed, paused, cancelled, failed, dead-lettered, retried: the dispatcher's
+               nudges);
                **create and update the topology** (the topology owner, see below)
 worker         consume TILES; read/write tile leases, progress pointers and its live-worker
                key (``worker.>``); publish tile-done,
-               job-failed/-dead-lettered events and DLQ copies; hear job-cancelled, -paused,
+               job-failed/-dead-lettered events, ``tessera.room`` and DLQ copies; hear
+               job-cancelled, -paused,
                -failed and -dead-lettered events
 finalizer      consume EVENTS tile-done; read/write ``final.<job>`` leases; publish
                job-completed/-failed events and DLQ copies
@@ -189,6 +191,7 @@ def permissions(
             ev(n.EventKind.TILES_DONE),
             ev(n.EventKind.JOB_FAILED),
             ev(n.EventKind.JOB_DEAD_LETTERED),
+            nm.room_subject,  # the dispatchers' nudge: tiles left the hand
             dlq,
         ],
         "finalizer": [
@@ -228,9 +231,14 @@ def _service_subscriptions(nm: n.Names) -> dict[str, list[str]]:
             nm.event_filter(n.EventKind.JOB_FAILED),
             nm.event_filter(n.EventKind.JOB_DEAD_LETTERED),
         ],
-        # the dispatcher's nudges: a tile finished (a worker has room), a job resumed, paused,
-        # cancelled, failed, dead-lettered or retried
-        "scheduler": [nm.tile_done_filter, *(nm.event_filter(k) for k in n.DISPATCH_NUDGES)],
+        # the dispatcher's nudges: tiles left a worker's hand (Room; the tile-done events of
+        # workers from before it), a job resumed, paused, cancelled, failed, dead-lettered or
+        # retried
+        "scheduler": [
+            nm.room_subject,
+            nm.tile_done_filter,
+            *(nm.event_filter(k) for k in n.DISPATCH_NUDGES),
+        ],
         # the read-ahead: each tile-done event to one finalizer of the group
         "finalizer": [f"{nm.tile_done_filter} {nm.read_ahead_group}"],
     }

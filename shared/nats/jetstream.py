@@ -157,9 +157,12 @@ async def retry_transient(
         await asyncio.sleep(pause)
 
 
-async def publish_unconfirmed(nc: Client, subject: str, payload: Message, *, msg_id: str) -> None:
+async def publish_unconfirmed(
+    nc: Client, subject: str, payload: Message, *, msg_id: str | None
+) -> None:
     """Publish ``payload`` to a stream's subject (with its headers and ``Nats-Msg-Id``, so the
-    stream stores it and absorbs a repeat) without waiting for the server's confirmation.
+    stream stores it and absorbs a repeat) without waiting for the server's confirmation;
+    ``msg_id=None``: a core-NATS subject no stream captures (headers only).
 
     Only for a notification nothing depends on receiving: the message is handed to the
     connection's buffer (kept across a reconnect, flushed in order with what the connection
@@ -168,7 +171,8 @@ async def publish_unconfirmed(nc: Client, subject: str, payload: Message, *, msg
     (disconnected long enough to fill its buffer).
     """
     headers = dict(payload.headers())
-    headers[api.Header.MSG_ID] = msg_id
+    if msg_id is not None:
+        headers[api.Header.MSG_ID] = msg_id
     try:
         await nc.publish(subject, payload.encode(), headers=headers)
     except GONE as exc:

@@ -45,6 +45,9 @@ class WorkerInfo:
     started_at: float
     #: ``[job_id, tile_index]`` of the tiles in hand
     current: list[list[Any]] = field(default_factory=list)
+    #: sends :class:`~proto.messages.Room` messages (a worker from before them: ``False``, and
+    #: the dispatchers count its tile-done events instead)
+    room: bool = False
 
     def encode(self) -> bytes:
         return orjson.dumps(asdict(self))
@@ -61,6 +64,7 @@ class WorkerInfo:
                 version=str(data["version"]),
                 started_at=float(data["started_at"]),
                 current=[list(c) for c in data.get("current", [])],
+                room=data.get("room", False) is True,
             )
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise DecodeError(f"live-worker value is not a WorkerInfo: {exc}") from exc

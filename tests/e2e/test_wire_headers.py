@@ -6,7 +6,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from proto import names as n
-from proto.messages import JobEvent, JobMessage, TileDone, TileMessage, TilesDone
+from proto.messages import JobEvent, JobMessage, Room, TileDone, TileMessage, TilesDone
 from services.client.api import TesseraClient
 from shared.core.config import Settings
 from tests.e2e.flows import request, settle, submit
@@ -28,6 +28,12 @@ async def test_pipeline_messages_carry_kind_job_and_tile_headers(
         await nc.subscribe(s, cb=keep)
         for s in (names.jobs_subjects, names.tiles_subjects, names.events_subjects)
     ]
+    rooms: list[Msg] = []  # core NATS, no message id: each one kept
+
+    async def room(msg: Msg) -> None:
+        rooms.append(msg)
+
+    subs.append(await nc.subscribe(names.room_subject, cb=room))
     await nc.flush()
     services.start_all(workers=1)
     reply = await submit(client, request(width=32, height=32, spp=2))  # 4 tiles of 16 px
@@ -41,6 +47,8 @@ async def test_pipeline_messages_carry_kind_job_and_tile_headers(
     # the 4 tiles (16 px at 2 spp) are tiny: one message carries them as a run
     expected = ["job", "job-completed", "tile", *["tile-done"] * 4, "tiles-done"]
     await eventually(lambda: kinds() == expected, timeout=10, what=f"messages ({kinds()})")
+    # the run's message left the worker's hand: the dispatchers hear its 4 tiles in one Room
+    await eventually(lambda: rooms, timeout=10, what="the worker's Room message")
     for sub in subs:
         await sub.unsubscribe()
 
@@ -72,6 +80,8 @@ async def test_pipeline_messages_carry_kind_job_and_tile_headers(
             assert body.kind.value == kind == "job-completed"
         assert headers == {"Nats-Msg-Id": headers["Nats-Msg-Id"], **body.headers()}
     assert tiles_seen == {"tile": {"0", "1", "2", "3"}, "tile-done": {"0", "1", "2", "3"}}
+    assert [Room.decode(m.data) for m in rooms] == [Room(4)]
+    assert [m.headers for m in rooms] == [{n.HDR_KIND: "room"}]
 
     # and what `nats stream view EVENTS` reads back from the stream itself
     events = names.stream(n.STREAM_EVENTS)

@@ -16,6 +16,7 @@ from proto.messages import (
     JobEvent,
     JobMessage,
     Message,
+    Room,
     TileDone,
     TileMessage,
     TilesDone,
@@ -27,7 +28,9 @@ from shared.core.runs import MAX_RUN
 
 from .strategies import indices, msgpack_values, mutated_maps, packed, tokens
 
-SCHEMAS: list[type[Message]] = [JobMessage, TileMessage, TileDone, TilesDone, JobEvent, DeadLetter]
+SCHEMAS: list[type[Message]] = [
+    JobMessage, TileMessage, TileDone, TilesDone, JobEvent, DeadLetter, Room
+]  # fmt: skip
 text = st.text(max_size=100)
 job_kinds = st.sampled_from(
     [k for k in EventKind if k not in (EventKind.TILE_DONE, EventKind.TILES_DONE)]
@@ -42,6 +45,7 @@ MESSAGES: dict[type[Message], st.SearchStrategy[Any]] = {
     DeadLetter: st.builds(
         DeadLetter, tokens, tokens, text, text, tokens, indices, indices, text, st.binary()
     ),
+    Room: st.builds(Room, st.integers(1, 2**63 - 1)),
 }
 EXAMPLE = {
     "v": 1,
@@ -175,6 +179,7 @@ JOB = "0196a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b"
              "Tessera-Reason": "invalid", "Tessera-Source": "EVENTS:9",
              "Tessera-Deliveries": "1"},
         ),
+        (Room(3), {"Tessera-Kind": "room"}),
     ],
 )  # fmt: skip
 def test_headers_name_each_kind(message: Message, expected: dict[str, str]) -> None:
@@ -187,11 +192,18 @@ def test_headers_are_always_valid_header_values(schema: type[Message], data: Any
     """Whatever the body, header values are 1..128 printable ASCII characters (no CR/LF)."""
     message = data.draw(MESSAGES[schema])
     headers = message.headers()
-    assert headers["Tessera-Job"] == message.job_id
+    # every message of a job names it (a Room names no job)
+    assert headers.get("Tessera-Job") == getattr(message, "job_id", None)
     for key, value in headers.items():
         assert key.startswith("Tessera-")
         assert 1 <= len(value) <= 128
         assert all("!" <= c <= "~" for c in value), value
+
+
+def test_a_room_counts_at_least_one_tile() -> None:
+    with pytest.raises(DecodeError, match="Room: tiles must be at least 1"):
+        Room.decode(packed({"v": 1, "tiles": 0}))
+    assert Room.decode(packed({"v": 1, "tiles": 16})) == Room(16)
 
 
 def test_header_value_replaces_what_a_header_cannot_carry() -> None:

@@ -18,9 +18,10 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import asyncpg
+from nats.aio.msg import Msg
 
 from proto import names as n
-from proto.messages import JobMessage, TileMessage
+from proto.messages import JobMessage, Room, TileMessage
 from services.scheduler.dispatch import Dispatcher, backoff_after, idle_wait
 from services.scheduler.planner import Planner
 from shared.core.lifecycle import TileState
@@ -281,6 +282,82 @@ async def test_long_tiles_are_refilled_once_the_workers_spare_tiles_are_done(
     assert tight.windows["blender"] == Window(8, 0, 1, measured=True)
     tight.tile_done()
     assert tight.wake.is_set()
+
+
+async def test_room_messages_replace_tile_done_events_once_every_live_worker_sends_them(
+    runtime: Runtime,
+) -> None:
+    """Long tiles, a round due after 2 tiles. While a live worker does not announce ``room``
+    (one from before Room messages), the dispatcher counts the tile-done events and ignores
+    Room messages (the new worker sends both: each tile would count twice); once every live
+    worker announces it, it counts the tiles the Room messages carry and ignores tile-done
+    events."""
+    long = await _job(runtime, renderer="blender")
+    await _attempts(runtime, long, 60.0)
+    bucket = LiveWorkers(runtime.js, runtime.names.bucket(n.BUCKET_WORKERS))
+    await bucket.put(WorkerInfo("new", 2, 4, {"blender": "k1"}, "t", 0.0, room=True))
+    await bucket.put(WorkerInfo("old", 2, 4, {"blender": "k1"}, "t", 0.0))
+
+    async def measured() -> Dispatcher:
+        dispatcher = Dispatcher(runtime)
+        dispatcher.gap.add(0.01)
+        await dispatcher.capacity()
+        assert dispatcher.windows["blender"] == Window(8, 0, 2, measured=True)
+        return dispatcher
+
+    def msg(data: bytes) -> Msg:
+        return Msg(runtime.nc, runtime.names.room_subject, data=data)
+
+    mixed = await measured()
+    assert not mixed.rooms
+    await mixed._on_room(msg(Room(2).encode()))
+    assert not mixed.wake.is_set(), "a Room is not counted beside the tile-done events"
+    await mixed._on_done(msg(b""))
+    assert not mixed.wake.is_set()
+    await mixed._on_done(msg(b""))
+    assert mixed.wake.is_set()
+
+    await bucket.put(WorkerInfo("old", 2, 4, {"blender": "k1"}, "t", 0.0, room=True))
+    upgraded = await measured()
+    assert upgraded.rooms
+    for _ in range(3):
+        await upgraded._on_done(msg(b""))
+    await upgraded._on_room(msg(b"\xc1"))  # undecodable: ignored
+    await upgraded._on_room(msg(Room(1).encode()))
+    assert not upgraded.wake.is_set(), "tile-done events are not counted, 1 tile of 2"
+    await upgraded._on_room(msg(Room(1).encode()))
+    assert upgraded.wake.is_set()
+
+
+async def test_the_dispatcher_stops_hearing_tile_done_events_once_every_worker_sends_room(
+    runtime: Runtime,
+) -> None:
+    """A running dispatcher subscribes to the tile-done events while a live worker sends no
+    Room messages, drops the subscription (no wake-up per tile) once every one does, takes it
+    back when an old worker joins; a Room message over NATS brings a nudged round (its latency
+    measured)."""
+    long = await _job(runtime, renderer="blender")
+    await _attempts(runtime, long, 60.0)
+    bucket = LiveWorkers(runtime.js, runtime.names.bucket(n.BUCKET_WORKERS))
+    await bucket.put(WorkerInfo("old", 2, 4, {"blender": "k1"}, "t", 0.0))
+    dispatcher = Dispatcher(runtime)
+    stop = asyncio.Event()
+    task = asyncio.create_task(dispatcher.run(stop))
+    try:
+        await eventually(lambda: dispatcher._tile_dones is not None, what="tile-done heard")
+        await eventually(lambda: _released(runtime, long), what="the first round's release")
+        await bucket.put(WorkerInfo("old", 2, 4, {"blender": "k1"}, "t", 0.0, room=True))
+        await eventually(lambda: dispatcher._tile_dones is None, timeout=15,
+                         what="the tile-done subscription dropped")  # fmt: skip
+        assert dispatcher.gap.value is None, "no nudge yet"
+        await runtime.nc.publish(runtime.names.room_subject, Room(2).encode())
+        await eventually(lambda: dispatcher.gap.value is not None, what="a round on the Room")
+        await bucket.put(WorkerInfo("older", 2, 4, {"blender": "k1"}, "t", 0.0))
+        await eventually(lambda: dispatcher._tile_dones is not None, timeout=15,
+                         what="the tile-done subscription back")  # fmt: skip
+    finally:
+        stop.set()
+        await task
 
 
 class _Recording(Dispatcher):

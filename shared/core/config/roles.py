@@ -210,9 +210,10 @@ class SchedulerSettings:
         0.25,
         "TESSERA_DISPATCH_INTERVAL",
         "shortest wait of the dispatcher's timer between rounds (s); rounds come on events: a "
-        "new plan, job-control events (resume, pause, cancel, failure, retry) and tile-done "
-        "events (each one for long tiles, every few while short tiles are buffered) wake the "
-        "dispatcher at once; the timer is the net for what no event announces",
+        "new plan, job-control events (resume, pause, cancel, failure, retry) and finished "
+        "tiles (the workers' Room messages: every few tiles, at once when a worker holds no "
+        "more tiles than threads) wake the dispatcher at once; the timer is the net for what "
+        "no event announces",
         read_by="scheduler",
         minimum=0.01,
     )
