@@ -45,7 +45,7 @@ from shared.service.settle import (
     outcome_of,
     settle,
 )
-from shared.service.tileresults import ResultMissing, committed_result, inline_result
+from shared.service.tileresults import ResultMissing, committed_results, inline_result
 
 __all__ = ["Finalizer", "ImageCorrupt", "ResultLost"]
 
@@ -289,13 +289,13 @@ class Finalizer:
         Small results come inline from the database in one query; results read ahead are used
         as held when the row names the same key and sha256 and the shape fits, with the images
         converted when they were read if those were for this job's samples and renderer; the
-        rest are read a few at a time (a bound on open requests to the store) and converted
-        here.
+        rest are read together (:meth:`~shared.objectstore.ObjectStore.get_many`: at most
+        :data:`_READS_IN_FLIGHT` requests open; the directory store reads 16 per thread call)
+        and converted here.
         """
         tiles = await self.rt.db.result_refs(job.job_id)
         inline = await self.rt.db.tile_results(job.job_id)
         ahead = self._take_held(job.job_id)
-        gate = asyncio.Semaphore(_READS_IN_FLIGHT)
         kind = (job.spp, _display_referred(job))
         lost: dict[int, str] = {}
         parts: list[tuple[Rect, Accumulator | Images]] = []
@@ -319,14 +319,14 @@ class Finalizer:
                 except ResultMissing as exc:
                     lost[t.tile_index] = str(exc)
 
-        async def part(t: TileResultRef) -> None:
+        read = await committed_results(self.rt.store, to_read, inline, in_flight=_READS_IN_FLIGHT)
+        for t, got in zip(to_read, read, strict=True):
             try:
-                data = await committed_result(self.rt.store, t, inline, gate)
-                parts.append((t.rect, from_npy(data, t.rect)))
+                if isinstance(got, ResultMissing):
+                    raise got
+                parts.append((t.rect, from_npy(got, t.rect)))
             except ResultMissing as exc:
                 lost[t.tile_index] = str(exc)
-
-        await asyncio.gather(*(part(t) for t in to_read))
         if lost:
             raise ResultLost(lost)
         sources = self.rt.metrics.final_results

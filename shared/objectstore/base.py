@@ -13,14 +13,16 @@ Errors (beyond :mod:`shared.core.errors`)::
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import hashlib
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
-from shared.core.errors import RetryableError, TerminalError, ValidationError
+from shared.core.errors import NotFoundError, RetryableError, TerminalError, ValidationError
 
 MAX_KEY = 512
 _PART = r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}"
@@ -127,6 +129,24 @@ class ObjectStore(ABC):
     async def get(self, key: str, *, sha256: str | None = None) -> bytes:
         """The whole object. :class:`NotFoundError` if absent; :class:`CorruptObject` if
         ``sha256`` is given (or was recorded at ``put``) and the bytes do not match."""
+
+    async def get_many(
+        self, items: Sequence[tuple[str, str | None]], *, in_flight: int = 16
+    ) -> builtins.list[bytes | NotFoundError | CorruptObject]:
+        """Each ``(key, sha256)`` as :meth:`get` reads it, in order: its bytes, or the
+        :class:`NotFoundError` or :class:`CorruptObject` that :meth:`get` raises for it (any
+        other error raises: the store is unavailable). At most ``in_flight`` reads at a time.
+        """
+        gate = asyncio.Semaphore(in_flight)
+
+        async def one(key: str, sha256: str | None) -> bytes | NotFoundError | CorruptObject:
+            async with gate:
+                try:
+                    return await self.get(key, sha256=sha256)
+                except (NotFoundError, CorruptObject) as exc:
+                    return exc
+
+        return list(await asyncio.gather(*(one(key, sha) for key, sha in items)))
 
     @abstractmethod
     async def size(self, key: str) -> int:

@@ -8,12 +8,19 @@ both users, so the preview never shows a result the finalizer would refuse.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Protocol
 
 from shared.core.errors import NotFoundError
 from shared.objectstore import CorruptObject, ObjectStore, sha256_hex
 
-__all__ = ["CommittedTile", "ResultMissing", "committed_result", "inline_result"]
+__all__ = [
+    "CommittedTile",
+    "ResultMissing",
+    "committed_result",
+    "committed_results",
+    "inline_result",
+]
 
 
 class ResultMissing(Exception):
@@ -50,6 +57,35 @@ async def committed_result(
         except (CorruptObject, NotFoundError) as exc:
             raise ResultMissing(f"{tile.result_key}: {exc}") from exc
     return inline_result(tile, inline)
+
+
+async def committed_results(
+    store: ObjectStore,
+    tiles: Sequence[CommittedTile],
+    inline: dict[int, tuple[str, bytes]],
+    *,
+    in_flight: int = 16,
+) -> list[bytes | ResultMissing]:
+    """:func:`committed_result` of each of ``tiles``, in order, its :class:`ResultMissing`
+    returned rather than raised; the objects read together, ``in_flight`` at a time
+    (:meth:`ObjectStore.get_many`)."""
+    objects = [t for t in tiles if t.result_key and t.result_sha256]
+    wanted = [(t.result_key or "", t.result_sha256) for t in objects]
+    read = await store.get_many(wanted, in_flight=in_flight)
+    by_index = dict(zip((t.tile_index for t in objects), read, strict=True))
+    out: list[bytes | ResultMissing] = []
+    for t in tiles:
+        got = by_index.get(t.tile_index)
+        if isinstance(got, bytes):
+            out.append(got)
+        elif got is not None:
+            out.append(ResultMissing(f"{t.result_key}: {got}"))
+        else:
+            try:
+                out.append(inline_result(t, inline))
+            except ResultMissing as exc:
+                out.append(exc)
+    return out
 
 
 def inline_result(tile: CommittedTile, inline: dict[int, tuple[str, bytes]]) -> bytes:

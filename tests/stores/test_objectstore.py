@@ -131,6 +131,31 @@ async def test_checksum_mismatch_is_a_corrupt_object(store: ObjectStore, prefix:
         await store.get(key, sha256="not-a-digest")
 
 
+async def test_get_many_answers_each_object_as_get_does(store: ObjectStore, prefix: str) -> None:
+    """Objects read together come back in order, each as :meth:`get` reads it alone: its
+    bytes, or the NotFoundError or CorruptObject raised for it (returned, so one missing
+    object does not hide the others); more of them than one thread call of the directory
+    store reads, and more than ``in_flight``."""
+    datas = [bytes([i]) * (100 + i) for i in range(40)]
+    keys = [f"{prefix}many/{i}.npy" for i in range(40)]
+    await asyncio.gather(*(store.put(k, d) for k, d in zip(keys, datas, strict=True)))
+    items: list[tuple[str, str | None]] = [
+        (k, sha256_hex(d)) for k, d in zip(keys, datas, strict=True)
+    ]
+    items[5] = (keys[5], sha256_hex(b"other bytes"))
+    items[17] = (prefix + "many/missing.npy", sha256_hex(b"x"))
+    items[30] = (keys[30], None)  # nothing to check against
+    got = await store.get_many(items, in_flight=3)
+    assert len(got) == 40
+    assert isinstance(got[5], CorruptObject) and isinstance(got[17], NotFoundError)
+    assert [g for i, g in enumerate(got) if i not in (5, 17)] == [
+        d for i, d in enumerate(datas) if i not in (5, 17)
+    ]
+    assert await store.get_many([]) == []
+    with pytest.raises(ValidationError):
+        await store.get_many([(keys[0], None), ("../up", None)])
+
+
 async def test_delete_is_idempotent(store: ObjectStore, prefix: str) -> None:
     key = prefix + "gone.npy"
     await store.put(key, b"x")
