@@ -49,6 +49,7 @@ __all__ = [
     "NatsTileEvents",
     "PassRates",
     "PointerStore",
+    "Questions",
     "StopReason",
     "StopView",
     "TileContext",
@@ -294,6 +295,55 @@ class PassRates:
             self._rates.popitem(last=False)
 
 
+class Questions:
+    """Which jobs owe a completion question, and how many tile runs of each are in flight.
+
+    After its commit a tile run asks whether its job is complete (docs/architecture.md,
+    "Worker flow" step 7). While another run of the same job is in flight in this worker, it
+    leaves the question to the last of them to end (:meth:`defer`): that one asks after every
+    deferred commit returned, so its snapshot sees them all, and until it ends the job has a
+    tile in this worker's hands — not done, or done and about to be re-announced. One question
+    per job and burst of tiles instead of one per tile. Nothing but the event loop touches it.
+    """
+
+    def __init__(self) -> None:
+        self._in_flight: dict[str, int] = {}
+        self._owed: set[str] = set()
+
+    def enter(self, job_id: str) -> None:
+        """A tile run of ``job_id`` starts."""
+        self._in_flight[job_id] = self._in_flight.get(job_id, 0) + 1
+
+    def defer(self, job_id: str) -> bool:
+        """After a commit: ``True`` if another run of the job is in flight here, which now
+        owes the question; ``False``: ask now."""
+        if self._in_flight.get(job_id, 0) > 1:
+            self._owed.add(job_id)
+            return True
+        return False
+
+    def asking(self, job_id: str) -> None:
+        """A question is being asked now: it answers for every commit deferred before it."""
+        self._owed.discard(job_id)
+
+    def leave(self, job_id: str) -> bool:
+        """A tile run of ``job_id`` ends: ``True`` if it is the last and the job owes a
+        question (which it must then ask before its message is settled)."""
+        left = self._in_flight.get(job_id, 0) - 1
+        if left > 0:
+            self._in_flight[job_id] = left
+            return False
+        self._in_flight.pop(job_id, None)
+        if job_id in self._owed:
+            self._owed.discard(job_id)
+            return True
+        return False
+
+    def in_flight(self, job_id: str) -> int:
+        """Tile runs of ``job_id`` in flight here."""
+        return self._in_flight.get(job_id, 0)
+
+
 def _paused(job: Job) -> bool:
     return job.state is JobState.PAUSED
 
@@ -362,3 +412,5 @@ class TileContext:
     log: Log
     #: the slowest measured rate of each job's passes (the first pass of its next tile)
     rates: PassRates = dataclasses.field(default_factory=PassRates)
+    #: completion questions left to the last tile run of a job in flight here
+    questions: Questions = dataclasses.field(default_factory=Questions)

@@ -23,7 +23,7 @@ from services.worker.context import TileContext
 from services.worker.tile import TileRun
 from shared.core import crash
 from shared.core.errors import DecodeError
-from shared.service.settle import Delivery, Outcome, combine, settle
+from shared.service.settle import Ack, Delivery, Outcome, combine, settle
 
 __all__ = ["handle"]
 
@@ -57,6 +57,9 @@ async def handle(
             raise result
         outcomes.append(result)
     crash.crash_point("worker.before_run_settle")
-    await settle(delivery, combine(outcomes))
+    settled = combine(outcomes)
+    await settle(delivery, settled)
+    if any(r.deferred for r in runs) and isinstance(settled, Ack):
+        crash.crash_point("worker.after_deferred_ack")
     for r in runs:
         r.settled()

@@ -44,6 +44,7 @@ from shared.core.errors import (
     with_detail,
 )
 from shared.core.lifecycle import IllegalTransition, JobState, TileState, TileTrigger, is_terminal
+from shared.core.retry import backoff
 from shared.core.tiles import Accumulator, to_npy
 from shared.metadata import AttemptOutcome, CommitOutcome, Job, Tile, TileCommit
 from shared.nats.leases import Lease, LeaseOwner
@@ -53,6 +54,7 @@ from shared.service.settle import (
     ACK,
     ACK_RECORDED,
     HAND_BACK,
+    Ack,
     DeadLetter,
     Delivery,
     Leave,
@@ -86,10 +88,15 @@ class TileRun:
         self.released = False
         self.resumed_from = 0  # samples per pixel the attempt resumed from
         self.committed: int | None = None  # samples of this attempt's own commit, once it landed
+        #: this run's completion question was left to another run of its job (Questions)
+        self.deferred = False
 
     async def run(self) -> None:
         """Process the delivery and settle the message exactly once."""
-        await settle(self.delivery, await self.outcome())
+        outcome = await self.outcome()
+        await settle(self.delivery, outcome)
+        if self.deferred and isinstance(outcome, Ack):
+            crash.crash_point("worker.after_deferred_ack")
         self.settled()
 
     def settled(self) -> None:
@@ -120,6 +127,19 @@ class TileRun:
                 "services.worker.run.handle splits runs"
             )
         self.log = self.log.bind(job_id=tm.job_id, tile=tm.tile_index)
+        questions = self.ctx.questions
+        questions.enter(tm.job_id)
+        try:
+            outcome = await self._outcome(tm)
+        finally:
+            # (raised or cancelled: the message is not settled and comes back, and its copy
+            # asks again or finds the job failed, so a question owed here is not lost)
+            owed = questions.leave(tm.job_id)
+        if owed:
+            outcome = await self._ask_owed(tm.job_id, outcome)
+        return outcome
+
+    async def _outcome(self, tm: TileMessage) -> Outcome:
         try:
             return await self._process(tm)
         except (RetryableError, TerminalError) as exc:
@@ -128,6 +148,18 @@ class TileRun:
             with contextlib.suppress(Exception):
                 await self._end_attempt(AttemptOutcome.RETRYABLE, TesseraError.code, repr(exc))
             raise
+
+    async def _ask_owed(self, job_id: str, outcome: Outcome) -> Outcome:
+        """The last run of a job in flight asks the completion question its job's earlier
+        commits here left to it, before its message is settled. If the question cannot be
+        asked, a message that was to be acked is retried instead: its copy asks again."""
+        try:
+            await self._ask(job_id)
+        except (RetryableError, TerminalError) as exc:
+            self.log.warning("completion question failed; the message is retried", error=str(exc))
+            if isinstance(outcome, Ack):
+                return Retry(backoff(self.ctx.retry, self.delivery.deliveries), None)
+        return outcome
 
     # ------------------------------------------------------------------ steps 1-3
 
@@ -413,10 +445,20 @@ class TileRun:
         # Asked after the commit: of several commits that finish a job together, the last one
         # sees them all, so the job's completion is always announced (a crash before it leaves
         # the message unacked, and its redelivery finds the tile done and comes back here).
-        completion = await self.ctx.db.completed_by(job.job_id)
+        # While another run of the job is in flight here, the last of them asks instead
+        # (Questions): after this commit, with this tile's job still in hand until then.
+        if self.ctx.questions.defer(job.job_id):
+            self.deferred = True
+            return
+        await self._ask(job.job_id)
+
+    async def _ask(self, job_id: str) -> None:
+        """Ask whether the job is complete; if so, announce it (tiles-done)."""
+        self.ctx.questions.asking(job_id)  # answers for every commit deferred before it
+        completion = await self.ctx.db.completed_by(job_id)
         if completion is not None:
             crash.crash_point("worker.before_tiles_done")
-            await self.ctx.events.tiles_done(TilesDone(job.job_id, completion))
+            await self.ctx.events.tiles_done(TilesDone(job_id, completion))
 
     async def _keep_until_expiry(self, beat: Heartbeat) -> None:
         """After our own commit: stop renewing, but leave the lease to its TTL.

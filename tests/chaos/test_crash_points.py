@@ -42,6 +42,9 @@ CASES: dict[str, tuple[int, dict[str, str], dict[str, Any]]] = {
     "worker.after_result_write": (1, {}, {}),
     "worker.after_commit": (1, {}, {}),
     "worker.before_ack": (1, {}, {}),
+    # the first tile acked while another of the job was in the worker's hands, which owed its
+    # completion question: that one's unacked message comes back and asks
+    "worker.after_deferred_ack": (1, {}, {}),
     # the tiny job's 4 tiles in one message (a run): every tile settled, the message not
     "worker.before_run_settle": (1, {"TESSERA_DISPATCH_RUN_WORK": "65536"}, {}),
     # reached once per job, by the commit that completes it: the unacked message comes back,

@@ -23,7 +23,7 @@ import kernel
 from kernel.rect import Rect
 from proto import names as n
 from proto.messages import TileDone, TileMessage, TilesDone
-from services.worker.context import JobCache, StopView, TileContext
+from services.worker.context import JobCache, Questions, StopView, TileContext
 from services.worker.renderers.tessera import TesseraKernel
 from services.worker.scenes import SceneCache
 from services.worker.tile import TileRun
@@ -82,11 +82,21 @@ class WatchedLeases(MemoryLeases):
 
 
 class FlakyMetadata(MemoryMetadata):
-    """The metadata double, whose next ``commit_tile`` can fail as a database going away."""
+    """The metadata double, whose next ``commit_tile`` or ``completed_by`` can fail as a
+    database going away; ``completed_by`` calls are counted."""
 
     def __init__(self) -> None:
         super().__init__()
         self.commit_error: Exception | None = None
+        self.question_error: Exception | None = None
+        self.questions = 0
+
+    async def completed_by(self, job_id: str) -> int | None:
+        self.questions += 1
+        if (error := self.question_error) is not None:
+            self.question_error = None
+            raise error
+        return await super().completed_by(job_id)
 
     async def commit_tile(self, done: TileCommit) -> CommitOutcome:
         if (error := self.commit_error) is not None:
@@ -219,6 +229,63 @@ async def test_only_the_commit_that_completes_the_job_announces_tiles_done(tmp_p
     first, _ = await rig.run(rig.delivery(tile_index=0))
     assert first.token is not None and second.token is not None
     assert rig.events.all_done == [TilesDone(rig.job.job_id, max(first.token, second.token))]
+
+
+async def _held_in_its_pass(
+    rig: Rig, tile_index: int
+) -> tuple[asyncio.Task[None], asyncio.Event, FakeDelivery]:
+    """A run of tile ``tile_index`` started and held after its first pass until the event."""
+    go, held = asyncio.Event(), asyncio.Event()
+
+    async def hold(end: int) -> None:
+        held.set()
+        await go.wait()
+
+    rig.kernels.after_pass = hold
+    delivery = rig.delivery(tile_index=tile_index)
+    task = asyncio.create_task(asyncio.wait_for(TileRun(rig.ctx, delivery).run(), 60))
+    await asyncio.wait_for(held.wait(), 30)
+    rig.kernels.after_pass = None  # the held run keeps waiting in its own call
+    return task, go, delivery
+
+
+async def test_a_commit_leaves_the_completion_question_to_a_run_of_its_job_still_in_flight(
+    tmp_path: Path,
+):
+    """Tile 1 commits while tile 0's run is mid-render: it does not ask (tile 0 is in this
+    worker's hands, not done), is acked, and tile 0's run asks once after its own commit,
+    for both: one question and one tiles-done for the job."""
+    rig = await _rig(tmp_path, spp=2, tiles=2)
+    task, go, d0 = await _held_in_its_pass(rig, 0)
+    first, d1 = await rig.run(rig.delivery(tile_index=1))
+    assert d1.settled == "ack" and first.deferred
+    assert rig.db.questions == 0 and rig.events.all_done == []
+    go.set()
+    await task
+    assert d0.settled == "ack" and rig.db.questions == 1
+    tokens = [t.lease_fence for t in await rig.db.list_tiles(rig.job.job_id)]
+    assert rig.events.all_done == [TilesDone(rig.job.job_id, max(tokens))]
+
+
+async def test_the_last_run_in_flight_asks_even_when_its_own_tile_did_not_commit(
+    tmp_path: Path,
+):
+    """The run the question was left to ends without a commit of its own (its job cancelled
+    mid-tile, acked): it asks before its message is settled. If the question cannot be asked,
+    the message it would have acked is retried instead (its copy asks again)."""
+    for fails in (False, True):
+        rig = await _rig(tmp_path / str(fails), spp=2, tiles=2)
+        task, go, d0 = await _held_in_its_pass(rig, 0)
+        first, _ = await rig.run(rig.delivery(tile_index=1))
+        assert first.deferred and rig.db.questions == 0
+        rig.cancelled.add(rig.job.job_id)  # the job-cancelled event arrived
+        if fails:
+            rig.db.question_error = StoreUnavailable("the database went away")
+        go.set()
+        await task
+        assert await rig.tile_state() is TileState.CANCELLED
+        assert rig.db.questions == 1 and rig.events.all_done == []
+        assert d0.settled == ("nak" if fails else "ack"), fails
 
 
 async def test_a_tile_of_a_job_the_worker_has_measured_starts_with_a_sized_pass(tmp_path: Path):
@@ -596,3 +663,20 @@ async def test_a_superseded_generation_is_dropped_and_the_current_one_renders(ri
     assert rig.count("tessera_superseded_messages_total") == 1
     _, current = await rig.run(FakeDelivery(TileMessage(rig.job.job_id, 0, 1).encode()))
     assert current.settled == "ack" and await rig.tile_state() is TileState.DONE
+
+
+def test_questions_are_owed_by_the_last_run_of_a_job_to_end() -> None:
+    q = Questions()
+    q.enter("j")
+    assert not q.defer("j"), "alone: ask now"
+    q.enter("j")
+    q.enter("other")
+    assert q.defer("j") and q.in_flight("j") == 2
+    assert not q.leave("j"), "one run of j still in flight"
+    assert q.leave("j"), "the last run of j owes the question"
+    assert not q.leave("other") and q.in_flight("j") == 0
+    q.enter("j")
+    q.enter("j")
+    assert q.defer("j")
+    q.asking("j")  # asked meanwhile: it answers for the deferred commit
+    assert not q.leave("j") and not q.leave("j")
