@@ -38,7 +38,8 @@ async def consume(
 ) -> None:
     """Hold up to ``in_hand`` messages of the durable pull consumer until ``stop`` is set.
 
-    Each is handled by its own task; a new one is fetched whenever a handler finishes.
+    Each is handled by its own task; a new one is fetched whenever a handler finishes. A
+    fetch asks for every free slot while messages are coming, for one while none came.
 
     In-flight handlers then get ``grace`` seconds to finish (``on_stop`` is called first so they
     can hand their work back); whatever is still running after that is cancelled.
@@ -48,13 +49,18 @@ async def consume(
     # ``on_stop`` runs as soon as ``stop`` is set, not when a pending fetch gives up (up to
     # ``fetch_wait`` later): in-flight work starts handing back at once.
     stopping = asyncio.create_task(_call_on(stop, on_stop)) if on_stop is not None else None
+    busy = True
     try:
         while not stop.is_set():
             free = in_hand - len(inflight)
             if free <= 0:
                 await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
                 continue
-            msgs = await _fetch(sub, free, fetch_wait, stop, log, stream)
+            # Idle (the last fetch came back empty): wait for one message. nats-py fetches a
+            # batch of more than one as two pull requests (a no-wait probe, then the wait),
+            # so an idle consumer sent two requests and got two answers per ``fetch_wait``.
+            msgs = await _fetch(sub, free if busy else 1, fetch_wait, stop, log, stream)
+            busy = bool(msgs)
             if stop.is_set():  # fetched while stopping: hand back untouched, for others
                 for msg in msgs:
                     with contextlib.suppress(Exception):
