@@ -49,8 +49,10 @@ from shared.service.tileresults import ResultMissing, committed_results, inline_
 
 __all__ = ["Finalizer", "ImageCorrupt", "ResultLost"]
 
-#: tile result objects read at once while assembling
+#: requests to the object store open at once while assembling
 _READS_IN_FLIGHT = 16
+#: tile results read before they are parsed and their bytes dropped
+_READ_BATCH = 64
 #: jobs whose samples and renderer the read-ahead remembers
 _KINDS_HELD = 1024
 
@@ -289,9 +291,10 @@ class Finalizer:
         Small results come inline from the database in one query; results read ahead are used
         as held when the row names the same key and sha256 and the shape fits, with the images
         converted when they were read if those were for this job's samples and renderer; the
-        rest are read together (:meth:`~shared.objectstore.ObjectStore.get_many`: at most
-        :data:`_READS_IN_FLIGHT` requests open; the directory store reads 16 per thread call)
-        and converted here.
+        rest are read :data:`_READ_BATCH` at a time
+        (:meth:`~shared.objectstore.ObjectStore.get_many`: at most :data:`_READS_IN_FLIGHT`
+        requests open; the directory store reads 16 objects per thread call) and converted
+        here.
         """
         tiles = await self.rt.db.result_refs(job.job_id)
         inline = await self.rt.db.tile_results(job.job_id)
@@ -319,14 +322,19 @@ class Finalizer:
                 except ResultMissing as exc:
                     lost[t.tile_index] = str(exc)
 
-        read = await committed_results(self.rt.store, to_read, inline, in_flight=_READS_IN_FLIGHT)
-        for t, got in zip(to_read, read, strict=True):
-            try:
-                if isinstance(got, ResultMissing):
-                    raise got
-                parts.append((t.rect, from_npy(got, t.rect)))
-            except ResultMissing as exc:
-                lost[t.tile_index] = str(exc)
+        # A batch of reads at a time: their bytes are dropped once parsed, so a large frame
+        # holds the raw bytes of one batch beside its accumulators, not of every tile.
+        for first in range(0, len(to_read), _READ_BATCH):
+            batch = to_read[first : first + _READ_BATCH]
+            read = await committed_results(self.rt.store, batch, inline, in_flight=_READS_IN_FLIGHT)
+            for t, got in zip(batch, read, strict=True):
+                try:
+                    if isinstance(got, ResultMissing):
+                        raise got
+                    parts.append((t.rect, from_npy(got, t.rect)))
+                except ResultMissing as exc:
+                    lost[t.tile_index] = str(exc)
+            del read
         if lost:
             raise ResultLost(lost)
         sources = self.rt.metrics.final_results

@@ -49,6 +49,7 @@ from collections.abc import Mapping
 
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import Error as NatsError
 
 from proto import names as n
 from proto.messages import Room
@@ -143,7 +144,6 @@ class Dispatcher:
                     if nudged_at is not None:
                         self.gap.add(loop.time() - nudged_at)
                     await self._count_backlog()
-                    await self._hear_tile_dones()
                 except (RetryableError, TerminalError) as exc:
                     self.log.warning("dispatch round failed; next round retries", error=str(exc))
                 if not full:
@@ -151,23 +151,25 @@ class Dispatcher:
                                      self.config.dispatch_idle_interval, self._empty)  # fmt: skip
                     await _first(stop, self.wake, wait)
         finally:
-            with contextlib.suppress(Exception):
-                await room.unsubscribe()
-                if self._tile_dones is not None:
-                    await self._tile_dones.unsubscribe()
-                for control in controls:
-                    await control.unsubscribe()
+            subs = [room, *controls, *([self._tile_dones] if self._tile_dones else [])]
+            self._tile_dones = None
+            for sub in subs:  # each on its own: one that fails does not keep the others
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
 
     async def _hear_tile_dones(self) -> None:
         """Subscribe to the tile-done events while a live worker sends no ``Room`` messages
         (:attr:`rooms`, from the last capacity reading), unsubscribe once every one does: then
         the scheduler is not woken by every tile."""
-        if self.rooms and self._tile_dones is not None:
-            sub, self._tile_dones = self._tile_dones, None
-            await sub.unsubscribe()
-        elif not self.rooms and self._tile_dones is None:
-            done = self.rt.names.tile_done_filter
-            self._tile_dones = await self.rt.nc.subscribe(done, cb=self._on_done)
+        try:
+            if self.rooms and self._tile_dones is not None:
+                sub, self._tile_dones = self._tile_dones, None
+                await sub.unsubscribe()
+            elif not self.rooms and self._tile_dones is None:
+                done = self.rt.names.tile_done_filter
+                self._tile_dones = await self.rt.nc.subscribe(done, cb=self._on_done)
+        except NatsError as exc:  # (closed or draining: stopping; the next reading tries again)
+            self.log.warning("tile-done subscription not changed", error=repr(exc))
 
     async def _on_done(self, _msg: Msg) -> None:
         if not self.rooms:
@@ -196,6 +198,7 @@ class Dispatcher:
             self._threads = capacity(live, 1.0)
             self._spare = spare(live, self.config.dispatch_factor)
             self.rooms = bool(live) and all(w.room for w in live)
+            await self._hear_tile_dones()  # (at once, even if this round then fails)
             self._threads_at = loop.time()
         if loop.time() - self._tile_seconds_at >= TILE_SECONDS_REFRESH:
             self._tile_seconds = await self.rt.db.tile_seconds(TILE_SECONDS_WINDOW)

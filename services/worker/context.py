@@ -296,52 +296,40 @@ class PassRates:
 
 
 class Questions:
-    """Which jobs owe a completion question, and how many tile runs of each are in flight.
+    """Which jobs have a tile run in this worker that owns an unfinished tile.
 
     After its commit a tile run asks whether its job is complete (docs/architecture.md,
-    "Worker flow" step 7). While another run of the same job is in flight in this worker, it
-    leaves the question to the last of them to end (:meth:`defer`): that one asks after every
-    deferred commit returned, so its snapshot sees them all, and until it ends the job has a
-    tile in this worker's hands — not done, or done and about to be re-announced. One question
-    per job and burst of tiles instead of one per tile. Nothing but the event loop touches it.
+    "Worker flow" step 7). While another run of the same job in this worker *owns* its tile —
+    fenced under a lease it has not lost, not yet committed — the job is not complete, and
+    whoever makes that tile done later (that run, or the next owner after it lets the tile go
+    or dies) commits after this commit and asks then, seeing it. So this commit need not ask
+    (:meth:`defer`): one question per burst of a job's tiles instead of one per tile. Nothing
+    but the event loop touches it.
     """
 
     def __init__(self) -> None:
-        self._in_flight: dict[str, int] = {}
-        self._owed: set[str] = set()
+        self._owners: dict[str, int] = {}
 
-    def enter(self, job_id: str) -> None:
-        """A tile run of ``job_id`` starts."""
-        self._in_flight[job_id] = self._in_flight.get(job_id, 0) + 1
+    def own(self, job_id: str) -> None:
+        """A tile run of ``job_id`` fenced its tile under its lease."""
+        self._owners[job_id] = self._owners.get(job_id, 0) + 1
+
+    def disown(self, job_id: str) -> None:
+        """That run committed its tile, or let it go (ended, lost its lease, failed)."""
+        left = self._owners.get(job_id, 0) - 1
+        if left > 0:
+            self._owners[job_id] = left
+        else:
+            self._owners.pop(job_id, None)
 
     def defer(self, job_id: str) -> bool:
-        """After a commit: ``True`` if another run of the job is in flight here, which now
-        owes the question; ``False``: ask now."""
-        if self._in_flight.get(job_id, 0) > 1:
-            self._owed.add(job_id)
-            return True
-        return False
+        """After a commit (its run no longer an owner): ``True`` if another run of the job
+        owns an unfinished tile here, so the question can wait for that tile's commit."""
+        return self._owners.get(job_id, 0) > 0
 
-    def asking(self, job_id: str) -> None:
-        """A question is being asked now: it answers for every commit deferred before it."""
-        self._owed.discard(job_id)
-
-    def leave(self, job_id: str) -> bool:
-        """A tile run of ``job_id`` ends: ``True`` if it is the last and the job owes a
-        question (which it must then ask before its message is settled)."""
-        left = self._in_flight.get(job_id, 0) - 1
-        if left > 0:
-            self._in_flight[job_id] = left
-            return False
-        self._in_flight.pop(job_id, None)
-        if job_id in self._owed:
-            self._owed.discard(job_id)
-            return True
-        return False
-
-    def in_flight(self, job_id: str) -> int:
-        """Tile runs of ``job_id`` in flight here."""
-        return self._in_flight.get(job_id, 0)
+    def owners(self, job_id: str) -> int:
+        """Tile runs of ``job_id`` that own their tile here."""
+        return self._owners.get(job_id, 0)
 
 
 def _paused(job: Job) -> bool:
@@ -412,5 +400,5 @@ class TileContext:
     log: Log
     #: the slowest measured rate of each job's passes (the first pass of its next tile)
     rates: PassRates = dataclasses.field(default_factory=PassRates)
-    #: completion questions left to the last tile run of a job in flight here
+    #: the runs of each job that own an unfinished tile here (a commit then need not ask)
     questions: Questions = dataclasses.field(default_factory=Questions)

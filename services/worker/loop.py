@@ -159,7 +159,10 @@ class Worker:
         finally:
             message = self.current.pop(id(msg), None)
             held = sum(len(m.tiles) for m in list(self.current.values()))
-            await self.room.left(len(message.tiles) if message is not None else 1, held)
+            try:
+                await self.room.left(len(message.tiles) if message is not None else 1, held)
+            except Exception:  # a hint: never in place of the handler's own outcome or error
+                self.log.error("room message failed", exc=True)
 
     def _current_tiles(self) -> list[list[object]]:
         """``[job_id, tile_index]`` of the messages in hand."""

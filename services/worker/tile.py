@@ -44,7 +44,6 @@ from shared.core.errors import (
     with_detail,
 )
 from shared.core.lifecycle import IllegalTransition, JobState, TileState, TileTrigger, is_terminal
-from shared.core.retry import backoff
 from shared.core.tiles import Accumulator, to_npy
 from shared.metadata import AttemptOutcome, CommitOutcome, Job, Tile, TileCommit
 from shared.nats.leases import Lease, LeaseOwner
@@ -88,7 +87,10 @@ class TileRun:
         self.released = False
         self.resumed_from = 0  # samples per pixel the attempt resumed from
         self.committed: int | None = None  # samples of this attempt's own commit, once it landed
-        #: this run's completion question was left to another run of its job (Questions)
+        #: this run owns its tile in ``ctx.questions`` (fenced, not committed, not let go)
+        self.owning: str | None = None
+        #: this run's commit did not ask the completion question: another run of its job
+        #: owned an unfinished tile here (Questions)
         self.deferred = False
 
     async def run(self) -> None:
@@ -127,19 +129,6 @@ class TileRun:
                 "services.worker.run.handle splits runs"
             )
         self.log = self.log.bind(job_id=tm.job_id, tile=tm.tile_index)
-        questions = self.ctx.questions
-        questions.enter(tm.job_id)
-        try:
-            outcome = await self._outcome(tm)
-        finally:
-            # (raised or cancelled: the message is not settled and comes back, and its copy
-            # asks again or finds the job failed, so a question owed here is not lost)
-            owed = questions.leave(tm.job_id)
-        if owed:
-            outcome = await self._ask_owed(tm.job_id, outcome)
-        return outcome
-
-    async def _outcome(self, tm: TileMessage) -> Outcome:
         try:
             return await self._process(tm)
         except (RetryableError, TerminalError) as exc:
@@ -148,18 +137,17 @@ class TileRun:
             with contextlib.suppress(Exception):
                 await self._end_attempt(AttemptOutcome.RETRYABLE, TesseraError.code, repr(exc))
             raise
+        finally:
+            self._disown()
 
-    async def _ask_owed(self, job_id: str, outcome: Outcome) -> Outcome:
-        """The last run of a job in flight asks the completion question its job's earlier
-        commits here left to it, before its message is settled. If the question cannot be
-        asked, a message that was to be acked is retried instead: its copy asks again."""
-        try:
-            await self._ask(job_id)
-        except (RetryableError, TerminalError) as exc:
-            self.log.warning("completion question failed; the message is retried", error=str(exc))
-            if isinstance(outcome, Ack):
-                return Retry(backoff(self.ctx.retry, self.delivery.deliveries), None)
-        return outcome
+    def _own(self, job_id: str) -> None:
+        self.ctx.questions.own(job_id)
+        self.owning = job_id
+
+    def _disown(self) -> None:
+        if self.owning is not None:
+            self.ctx.questions.disown(self.owning)
+            self.owning = None
 
     # ------------------------------------------------------------------ steps 1-3
 
@@ -290,6 +278,7 @@ class TileRun:
             await self._release(await beat.stop())
             return ACK
         self.token = token
+        self._own(job.job_id)
         self._acquired(tile, token)
         crash.crash_point("worker.after_lease")
         if self.resumed_from:
@@ -445,20 +434,16 @@ class TileRun:
         # Asked after the commit: of several commits that finish a job together, the last one
         # sees them all, so the job's completion is always announced (a crash before it leaves
         # the message unacked, and its redelivery finds the tile done and comes back here).
-        # While another run of the job is in flight here, the last of them asks instead
-        # (Questions): after this commit, with this tile's job still in hand until then.
+        # While another run of the job owns an unfinished tile here, the job is not complete
+        # and that tile's commit, after this one, asks (Questions).
+        self._disown()  # (this run's tile is done, by this commit or another owner's)
         if self.ctx.questions.defer(job.job_id):
             self.deferred = True
             return
-        await self._ask(job.job_id)
-
-    async def _ask(self, job_id: str) -> None:
-        """Ask whether the job is complete; if so, announce it (tiles-done)."""
-        self.ctx.questions.asking(job_id)  # answers for every commit deferred before it
-        completion = await self.ctx.db.completed_by(job_id)
+        completion = await self.ctx.db.completed_by(job.job_id)
         if completion is not None:
             crash.crash_point("worker.before_tiles_done")
-            await self.ctx.events.tiles_done(TilesDone(job_id, completion))
+            await self.ctx.events.tiles_done(TilesDone(job.job_id, completion))
 
     async def _keep_until_expiry(self, beat: Heartbeat) -> None:
         """After our own commit: stop renewing, but leave the lease to its TTL.

@@ -28,7 +28,7 @@ POINTS = frozenset(
         "worker.before_copy_release",  # a copy with nothing to render settled, its lease held
         "worker.blender_mid_pass",  # Blender is rendering a pass (request sent, no reply yet)
         "worker.before_ack",  # tile-done (and tiles-done) published, message not yet acked
-        # acked after a commit whose completion question another run of its job now owes
+        # acked after a commit that did not ask (another run of its job owns a tile)
         "worker.after_deferred_ack",
         "worker.before_run_settle",  # every tile of a run has its outcome, the message unsettled
         "worker.after_pause_checkpoint",  # paused job: checkpoint written, tile still leased

@@ -319,8 +319,10 @@ async def completed_by(conn: Conn, job_id: str) -> int | None:
     ``lease_fence`` among its tiles, which names this completion (a tile rendered again after
     its result was lost commits under a newer fence, so the next completion has a new name).
 
-    The worker asks after each commit it announces: the commit that completes a job is seen by
-    the question asked after it, so the last of several concurrent commits always sees all.
+    The worker asks after a commit it announces (unless another of its runs owns an
+    unfinished tile of the job, whose commit will ask: ``services.worker.context.Questions``):
+    the commit that completes a job is seen by the question asked after it, so the last of
+    several concurrent commits always sees all.
     """
     (answer,) = await completed_by_many(conn, [job_id])
     if isinstance(answer, NotFoundError):

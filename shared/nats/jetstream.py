@@ -160,9 +160,9 @@ async def retry_transient(
 async def publish_unconfirmed(
     nc: Client, subject: str, payload: Message, *, msg_id: str | None
 ) -> None:
-    """Publish ``payload`` to a stream's subject (with its headers and ``Nats-Msg-Id``, so the
-    stream stores it and absorbs a repeat) without waiting for the server's confirmation;
-    ``msg_id=None``: a core-NATS subject no stream captures (headers only).
+    """Publish ``payload`` without waiting for the server: to a stream's subject with its
+    headers and ``Nats-Msg-Id`` (the stream stores it and absorbs a repeat), or, with
+    ``msg_id=None``, to a core-NATS subject no stream captures (headers only).
 
     Only for a notification nothing depends on receiving: the message is handed to the
     connection's buffer (kept across a reconnect, flushed in order with what the connection

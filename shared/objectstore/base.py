@@ -18,12 +18,14 @@ import builtins
 import hashlib
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
+from typing import TypeVar
 
 from shared.core.errors import NotFoundError, RetryableError, TerminalError, ValidationError
 
+T = TypeVar("T")
 MAX_KEY = 512
 _PART = r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}"
 KEY_RE = re.compile(rf"{_PART}(/{_PART})*")
@@ -104,6 +106,22 @@ def verify(key: str, data: bytes, expected: str | None) -> bytes:
     return data
 
 
+async def gather_all(*aws: Awaitable[T]) -> builtins.list[T | BaseException]:
+    """Every awaitable's result or exception, once all have ended (none left running when the
+    caller raises the first error)."""
+    return list(await asyncio.gather(*aws, return_exceptions=True))
+
+
+def settled(results: Iterable[T | BaseException]) -> builtins.list[T]:
+    """``results`` of :func:`gather_all`, or the first exception among them raised."""
+    out: builtins.list[T] = []
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+        out.append(result)
+    return out
+
+
 class ObjectStore(ABC):
     """Whole-object storage: every ``put`` is atomic, every key is built by :mod:`.keys`.
 
@@ -135,8 +153,11 @@ class ObjectStore(ABC):
     ) -> builtins.list[bytes | NotFoundError | CorruptObject]:
         """Each ``(key, sha256)`` as :meth:`get` reads it, in order: its bytes, or the
         :class:`NotFoundError` or :class:`CorruptObject` that :meth:`get` raises for it (any
-        other error raises: the store is unavailable). At most ``in_flight`` reads at a time.
+        other error raises: the store is unavailable). At most ``in_flight`` requests at a
+        time (a store may read several objects in one request).
         """
+        for key, _ in items:
+            check_key(key)  # (a bad key refuses the call before any request starts)
         gate = asyncio.Semaphore(in_flight)
 
         async def one(key: str, sha256: str | None) -> bytes | NotFoundError | CorruptObject:
@@ -146,7 +167,13 @@ class ObjectStore(ABC):
                 except (NotFoundError, CorruptObject) as exc:
                     return exc
 
-        return list(await asyncio.gather(*(one(key, sha) for key, sha in items)))
+        answers: builtins.list[bytes | NotFoundError | CorruptObject] = []
+        for got in await gather_all(*(one(key, sha) for key, sha in items)):
+            if isinstance(got, bytes | NotFoundError | CorruptObject):
+                answers.append(got)
+            else:  # raised: the store is unavailable (or a bug)
+                raise got
+        return answers
 
     @abstractmethod
     async def size(self, key: str) -> int:

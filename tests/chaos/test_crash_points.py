@@ -42,8 +42,8 @@ CASES: dict[str, tuple[int, dict[str, str], dict[str, Any]]] = {
     "worker.after_result_write": (1, {}, {}),
     "worker.after_commit": (1, {}, {}),
     "worker.before_ack": (1, {}, {}),
-    # the first tile acked while another of the job was in the worker's hands, which owed its
-    # completion question: that one's unacked message comes back and asks
+    # the first tile acked without its completion question while another tile of the job was
+    # owned in the worker: that one's unacked message comes back and its commit asks
     "worker.after_deferred_ack": (1, {}, {}),
     # the tiny job's 4 tiles in one message (a run): every tile settled, the message not
     "worker.before_run_settle": (1, {"TESSERA_DISPATCH_RUN_WORK": "65536"}, {}),

@@ -249,14 +249,15 @@ async def _held_in_its_pass(
     return task, go, delivery
 
 
-async def test_a_commit_leaves_the_completion_question_to_a_run_of_its_job_still_in_flight(
+async def test_a_commit_leaves_the_completion_question_to_a_run_that_owns_a_tile_of_its_job(
     tmp_path: Path,
 ):
-    """Tile 1 commits while tile 0's run is mid-render: it does not ask (tile 0 is in this
-    worker's hands, not done), is acked, and tile 0's run asks once after its own commit,
-    for both: one question and one tiles-done for the job."""
+    """Tile 1 commits while tile 0's run owns its tile mid-render: it does not ask (tile 0 is
+    not done) and is acked; tile 0's commit, after it, asks once for both: one question and
+    one tiles-done for the job."""
     rig = await _rig(tmp_path, spp=2, tiles=2)
     task, go, d0 = await _held_in_its_pass(rig, 0)
+    assert rig.ctx.questions.owners(rig.job.job_id) == 1, "fenced: it owns its tile"
     first, d1 = await rig.run(rig.delivery(tile_index=1))
     assert d1.settled == "ack" and first.deferred
     assert rig.db.questions == 0 and rig.events.all_done == []
@@ -265,27 +266,28 @@ async def test_a_commit_leaves_the_completion_question_to_a_run_of_its_job_still
     assert d0.settled == "ack" and rig.db.questions == 1
     tokens = [t.lease_fence for t in await rig.db.list_tiles(rig.job.job_id)]
     assert rig.events.all_done == [TilesDone(rig.job.job_id, max(tokens))]
+    assert rig.ctx.questions.owners(rig.job.job_id) == 0
 
 
-async def test_the_last_run_in_flight_asks_even_when_its_own_tile_did_not_commit(
+async def test_a_question_left_to_an_owner_that_lets_its_tile_go_is_asked_by_the_next_commit(
     tmp_path: Path,
 ):
-    """The run the question was left to ends without a commit of its own (its job cancelled
-    mid-tile, acked): it asks before its message is settled. If the question cannot be asked,
-    the message it would have acked is retried instead (its copy asks again)."""
-    for fails in (False, True):
-        rig = await _rig(tmp_path / str(fails), spp=2, tiles=2)
-        task, go, d0 = await _held_in_its_pass(rig, 0)
-        first, _ = await rig.run(rig.delivery(tile_index=1))
-        assert first.deferred and rig.db.questions == 0
-        rig.cancelled.add(rig.job.job_id)  # the job-cancelled event arrived
-        if fails:
-            rig.db.question_error = StoreUnavailable("the database went away")
-        go.set()
-        await task
-        assert await rig.tile_state() is TileState.CANCELLED
-        assert rig.db.questions == 1 and rig.events.all_done == []
-        assert d0.settled == ("nak" if fails else "ack"), fails
+    """The run the question was left to fails to commit (the database went away: retried).
+    It asks nothing; its tile is not done, so the job is not complete, and the retry's
+    commit — after the deferred one — asks and announces the completion."""
+    rig = await _rig(tmp_path, spp=2, tiles=2)
+    task, go, d0 = await _held_in_its_pass(rig, 0)
+    first, _ = await rig.run(rig.delivery(tile_index=1))
+    assert first.deferred and rig.db.questions == 0
+    rig.db.commit_error = StoreUnavailable("the database went away")
+    go.set()
+    await task
+    assert d0.settled == "nak" and rig.db.questions == 0 and rig.events.all_done == []
+    assert rig.ctx.questions.owners(rig.job.job_id) == 0, "let go: no longer an owner"
+    retry, d = await rig.run(rig.delivery(deliveries=2, tile_index=0))
+    assert d.settled == "ack" and not retry.deferred and rig.db.questions == 1
+    tokens = [t.lease_fence for t in await rig.db.list_tiles(rig.job.job_id)]
+    assert rig.events.all_done == [TilesDone(rig.job.job_id, max(tokens))]
 
 
 async def test_a_tile_of_a_job_the_worker_has_measured_starts_with_a_sized_pass(tmp_path: Path):
@@ -665,18 +667,13 @@ async def test_a_superseded_generation_is_dropped_and_the_current_one_renders(ri
     assert current.settled == "ack" and await rig.tile_state() is TileState.DONE
 
 
-def test_questions_are_owed_by_the_last_run_of_a_job_to_end() -> None:
+def test_a_commit_defers_only_while_another_run_owns_a_tile_of_its_job() -> None:
     q = Questions()
-    q.enter("j")
-    assert not q.defer("j"), "alone: ask now"
-    q.enter("j")
-    q.enter("other")
-    assert q.defer("j") and q.in_flight("j") == 2
-    assert not q.leave("j"), "one run of j still in flight"
-    assert q.leave("j"), "the last run of j owes the question"
-    assert not q.leave("other") and q.in_flight("j") == 0
-    q.enter("j")
-    q.enter("j")
-    assert q.defer("j")
-    q.asking("j")  # asked meanwhile: it answers for the deferred commit
-    assert not q.leave("j") and not q.leave("j")
+    assert not q.defer("j"), "no owner: ask now"
+    q.own("j")
+    q.own("j")
+    q.own("other")
+    q.disown("j")  # one of them committed
+    assert q.defer("j") and q.owners("j") == 1 and not q.defer("third")
+    q.disown("j")
+    assert not q.defer("j") and q.owners("j") == 0 and q.owners("other") == 1
