@@ -308,28 +308,31 @@ class Questions:
     """
 
     def __init__(self) -> None:
-        self._owners: dict[str, int] = {}
+        #: job -> the ``lost`` events of the heartbeats of its runs that own their tile
+        self._owners: dict[str, list[asyncio.Event]] = {}
 
-    def own(self, job_id: str) -> None:
-        """A tile run of ``job_id`` fenced its tile under its lease."""
-        self._owners[job_id] = self._owners.get(job_id, 0) + 1
+    def own(self, job_id: str, lost: asyncio.Event) -> None:
+        """A tile run of ``job_id`` fenced its tile under the lease whose heartbeat sets
+        ``lost`` if it goes (it then stops counting as an owner at once)."""
+        self._owners.setdefault(job_id, []).append(lost)
 
-    def disown(self, job_id: str) -> None:
-        """That run committed its tile, or let it go (ended, lost its lease, failed)."""
-        left = self._owners.get(job_id, 0) - 1
-        if left > 0:
-            self._owners[job_id] = left
+    def disown(self, job_id: str, lost: asyncio.Event) -> None:
+        """That run committed its tile, or let it go (ended, failed, handed it back)."""
+        held = [e for e in self._owners.get(job_id, []) if e is not lost]
+        if held:
+            self._owners[job_id] = held
         else:
             self._owners.pop(job_id, None)
 
     def defer(self, job_id: str) -> bool:
         """After a commit (its run no longer an owner): ``True`` if another run of the job
-        owns an unfinished tile here, so the question can wait for that tile's commit."""
-        return self._owners.get(job_id, 0) > 0
+        owns an unfinished tile here under a lease not known lost, so the question can wait
+        for that tile's commit."""
+        return self.owners(job_id) > 0
 
     def owners(self, job_id: str) -> int:
-        """Tile runs of ``job_id`` that own their tile here."""
-        return self._owners.get(job_id, 0)
+        """Tile runs of ``job_id`` that own their tile here, their lease not known lost."""
+        return sum(1 for lost in self._owners.get(job_id, []) if not lost.is_set())
 
 
 def _paused(job: Job) -> bool:

@@ -87,8 +87,9 @@ class TileRun:
         self.released = False
         self.resumed_from = 0  # samples per pixel the attempt resumed from
         self.committed: int | None = None  # samples of this attempt's own commit, once it landed
-        #: this run owns its tile in ``ctx.questions`` (fenced, not committed, not let go)
-        self.owning: str | None = None
+        #: job and heartbeat ``lost`` under which this run owns its tile in ``ctx.questions``
+        #: (fenced, not committed, not let go)
+        self.owning: tuple[str, asyncio.Event] | None = None
         #: this run's commit did not ask the completion question: another run of its job
         #: owned an unfinished tile here (Questions)
         self.deferred = False
@@ -140,13 +141,13 @@ class TileRun:
         finally:
             self._disown()
 
-    def _own(self, job_id: str) -> None:
-        self.ctx.questions.own(job_id)
-        self.owning = job_id
+    def _own(self, job_id: str, beat: Heartbeat) -> None:
+        self.ctx.questions.own(job_id, beat.lost)
+        self.owning = (job_id, beat.lost)
 
     def _disown(self) -> None:
         if self.owning is not None:
-            self.ctx.questions.disown(self.owning)
+            self.ctx.questions.disown(*self.owning)
             self.owning = None
 
     # ------------------------------------------------------------------ steps 1-3
@@ -278,7 +279,7 @@ class TileRun:
             await self._release(await beat.stop())
             return ACK
         self.token = token
-        self._own(job.job_id)
+        self._own(job.job_id, beat)
         self._acquired(tile, token)
         crash.crash_point("worker.after_lease")
         if self.resumed_from:

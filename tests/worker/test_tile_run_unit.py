@@ -667,13 +667,35 @@ async def test_a_superseded_generation_is_dropped_and_the_current_one_renders(ri
     assert current.settled == "ack" and await rig.tile_state() is TileState.DONE
 
 
+async def test_a_run_whose_lease_is_lost_owns_nothing_and_the_commit_asks(tmp_path: Path):
+    """Tile 0's run is mid-render when its heartbeat finds its lease gone (another worker may
+    take the tile and commit it before tile 1's commit): tile 1's commit does not leave the
+    question to it but asks at once."""
+    rig = await _rig(tmp_path, spp=2, tiles=2)
+    task, go, d0 = await _held_in_its_pass(rig, 0)
+    rig.leases.expire(n.lease_key_tile(rig.job.job_id, 0))
+    await asyncio.wait_for(rig.leases.refused.wait(), 10)  # its heartbeat saw it
+    assert rig.ctx.questions.owners(rig.job.job_id) == 0
+    first, _ = await rig.run(rig.delivery(tile_index=1))
+    assert not first.deferred and rig.db.questions == 1
+    go.set()
+    await task
+    assert d0.settled is None, "the next owner holds the message's fate"
+
+
 def test_a_commit_defers_only_while_another_run_owns_a_tile_of_its_job() -> None:
     q = Questions()
     assert not q.defer("j"), "no owner: ask now"
-    q.own("j")
-    q.own("j")
-    q.own("other")
-    q.disown("j")  # one of them committed
-    assert q.defer("j") and q.owners("j") == 1 and not q.defer("third")
-    q.disown("j")
-    assert not q.defer("j") and q.owners("j") == 0 and q.owners("other") == 1
+    mine, theirs, lost, other = (asyncio.Event() for _ in range(4))
+    q.own("j", mine)
+    q.own("j", theirs)
+    q.own("j", lost)
+    q.own("other", other)
+    q.disown("j", mine)  # committed
+    assert q.defer("j") and q.owners("j") == 2 and not q.defer("third")
+    lost.set()  # its heartbeat lost the lease: no longer an owner, at once
+    assert q.owners("j") == 1
+    q.disown("j", theirs)
+    assert not q.defer("j") and q.owners("other") == 1
+    q.disown("j", lost)
+    assert q.owners("j") == 0
