@@ -328,12 +328,10 @@ class Finalizer:
             batch = to_read[first : first + _READ_BATCH]
             read = await committed_results(self.rt.store, batch, inline, in_flight=_READS_IN_FLIGHT)
             for t, got in zip(batch, read, strict=True):
-                try:
-                    if isinstance(got, ResultMissing):
-                        raise got
+                if isinstance(got, ResultMissing):
+                    lost[t.tile_index] = str(got)
+                else:
                     parts.append((t.rect, from_npy(got, t.rect)))
-                except ResultMissing as exc:
-                    lost[t.tile_index] = str(exc)
             del read
         if lost:
             raise ResultLost(lost)

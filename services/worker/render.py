@@ -210,6 +210,11 @@ class Render:
         self.ctx.metrics.samples_rendered.inc(samples)
 
 
+GROWTH = 16
+"""An adaptive pass is at most this many times the one before it (a first pass: times
+``samples_per_pass``)."""
+
+
 def _pixels(rect: Rect) -> int:
     return (rect[2] - rect[0]) * (rect[3] - rect[1])
 
@@ -242,7 +247,7 @@ def first_pass(rate: float | None, pixels: int, tuning: WorkerSettings) -> int:
     floor = tuning.samples_per_pass
     if rate is None or tuning.pass_seconds <= 0 or pixels <= 0:
         return floor
-    return max(floor, min(int(tuning.pass_seconds / (rate * pixels)), 16 * floor))
+    return max(floor, min(int(tuning.pass_seconds / (rate * pixels)), GROWTH * floor))
 
 
 def adaptive_end(samples: int, size: int, spp: int, tuning: WorkerSettings) -> int:
@@ -268,6 +273,6 @@ def pass_size(samples: int, seconds: float, tuning: WorkerSettings) -> int:
     if tuning.pass_seconds <= 0 or samples <= 0:
         return floor
     if seconds <= 0:
-        return max(floor, 16 * samples)
+        return max(floor, GROWTH * samples)
     wanted = int(samples * tuning.pass_seconds / seconds)
-    return max(floor, min(wanted, 16 * samples))
+    return max(floor, min(wanted, GROWTH * samples))
