@@ -244,15 +244,21 @@ class Finalizer:
             return
         crash.crash_point("finalizer.after_finalizing")
         try:
-            flt, image = await self._assemble(job)
+            mean, image = await self._assemble(job)
         except ResultLost as lost:
             await self._render_again(job, attempt_id, lost, log)
             return
 
         encode = kernel.image.png16_of if _display_referred(job) else kernel.image.png_of
-        float_key = render_key(job.job_id, _sha(flt), "npy")
-        # The PNG encodes on one core while the float image is written.
-        png, _ = await asyncio.gather(asyncio.to_thread(encode, image), store.put(float_key, flt))
+
+        async def write_float() -> str:
+            flt, sha = await asyncio.to_thread(_float_image, mean)
+            key = render_key(job.job_id, sha, "npy")
+            await store.put(key, flt)
+            return key
+
+        # The PNG encodes on one core while the float image is serialized, hashed and written.
+        png, float_key = await asyncio.gather(asyncio.to_thread(encode, image), write_float())
         png_sha = _sha(png)
         png_key = render_key(job.job_id, png_sha, "png")
         await store.put(png_key, png)
@@ -283,10 +289,9 @@ class Finalizer:
             seconds = (job.finished_at - job.created_at).total_seconds()
             self.rt.metrics.job_seconds.observe(max(seconds, 0.0))
 
-    async def _assemble(self, job: Job) -> tuple[bytes, np.ndarray]:
+    async def _assemble(self, job: Job) -> tuple[np.ndarray, np.ndarray]:
         """Every committed tile result, verified against its recorded sha256, in the job's
-        float image (``.npy`` bytes of the float32 mean) and display image
-        (:func:`kernel.image.display_images`).
+        float32 mean and display image (:func:`kernel.image.display_images`).
 
         Small results come inline from the database in one query; results read ahead are used
         as held when the row names the same key and sha256 and the shape fits, with the images
@@ -376,8 +381,8 @@ def _convert(acc: Accumulator, samples: int, display_referred: bool) -> Images:
 
 def _frames(
     width: int, height: int, kind: tuple[int, bool], parts: list[tuple[Rect, Accumulator | Images]]
-) -> tuple[bytes, np.ndarray]:
-    """The frame's float image (``.npy`` bytes) and display image from its tiles' (converted
+) -> tuple[np.ndarray, np.ndarray]:
+    """The frame's float32 mean and display image from its tiles' (converted
     here where a part is still an accumulator; per element, so the same bits as converting
     the frame).
 
@@ -405,7 +410,13 @@ def _frames(
         images = part if isinstance(part, Images) else _convert(part, samples, display_referred)
         mean[y0:y1, x0:x1] = images.mean
         image[y0:y1, x0:x1] = images.image
-    return kernel.image.float_npy(mean), image
+    return mean, image
+
+
+def _float_image(mean: np.ndarray) -> tuple[bytes, str]:
+    """The float image's ``.npy`` bytes and their sha256 (in a thread, beside the PNG's encode)."""
+    flt = kernel.image.float_npy(mean)
+    return flt, _sha(flt)
 
 
 def _sha(data: bytes) -> str:

@@ -4,12 +4,14 @@ conversion."""
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 
 import kernel
 from kernel.rect import Rect
-from services.finalizer.assemble import _convert, _frames
+from services.finalizer.assemble import _convert, _float_image, _frames
 from services.finalizer.cache import Images
 from shared.core.tiles import Accumulator
 
@@ -48,7 +50,7 @@ def test_any_mix_of_parts_gives_the_frames_bytes(
         part = _convert(tile, _SPP, display_referred) if i in converted else tile
         parts.append((rect, part))
     parts.reverse()  # the order parts arrive in is not the frame's
-    got_flt, image = _frames(53, 70, (_SPP, display_referred), parts)
-    assert got_flt == flt
+    mean, image = _frames(53, 70, (_SPP, display_referred), parts)
+    assert _float_image(mean) == (flt, hashlib.sha256(flt).hexdigest())
     assert image.dtype == whole.dtype
     np.testing.assert_array_equal(image, whole)

@@ -35,7 +35,7 @@ from shared.objectstore import (
     sha256_hex,
     tile_result_key,
 )
-from shared.objectstore.directory import TEMP_SUFFIX, write_temp
+from shared.objectstore.directory import READ_CHUNK, TEMP_SUFFIX, _chunk_size, write_temp
 from tests.helpers import eventually
 
 MiB = 1024 * 1024
@@ -154,6 +154,19 @@ async def test_get_many_answers_each_object_as_get_does(store: ObjectStore, pref
     assert await store.get_many([]) == []
     with pytest.raises(ValidationError):
         await store.get_many([(keys[0], None), ("../up", None)])
+
+
+@pytest.mark.parametrize(
+    ("cores", "count", "size"),
+    [(2, 9, 5), (2, 64, READ_CHUNK), (2, 1, 1), (2, 0, 1), (8, 40, 5), (1, 9, 9), (None, 3, 3)],
+)
+def test_a_short_read_of_the_directory_store_is_split_over_the_cores(
+    monkeypatch: pytest.MonkeyPatch, cores: int | None, count: int, size: int
+) -> None:
+    """Objects per thread call: a finalization's few large results go to every core, a long
+    list in calls of at most READ_CHUNK (one core, or an unknown count: one call)."""
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    assert _chunk_size(count) == size
 
 
 async def test_delete_is_idempotent(store: ObjectStore, prefix: str) -> None:
