@@ -6,8 +6,9 @@ The planner only writes tile rows; the tiles wait in PostgreSQL. A **round**
 :data:`CAPACITY_REFRESH` s; the window below), lets the store release up to
 ``TESSERA_DISPATCH_BATCH`` tiles in one transaction (:func:`shared.metadata.dispatch.release`:
 window, priority, fair share, oldest job; ``generation + 1``, ``published_at = now()``), then
-publishes them under ``tile:<job>:<i>:<gen>`` — the consecutive tiny tiles of a ``tessera`` job as
-one message carrying a run (:meth:`Dispatcher.run_lengths`, ``TESSERA_DISPATCH_RUN``). A crash
+publishes them under ``tile:<job>:<i>:<gen>`` — the consecutive short tiles of a ``tessera`` job
+as one message carrying a run (:meth:`Dispatcher.run_of`, ``TESSERA_DISPATCH_RUN``), which
+counts once in the window. A crash
 between the commit and the publishes
 (crash points ``scheduler.after_release``, ``scheduler.mid_publish``) leaves released tiles with
 no message: the sweeper re-publishes them after ``TESSERA_SWEEP_AGE``.
@@ -59,7 +60,6 @@ from shared.core.errors import DecodeError, RetryableError, TerminalError
 from shared.core.runs import run_length
 from shared.core.window import Ewma, Window
 from shared.metadata import Tile
-from shared.metadata.dispatch import Released
 from shared.nats.presence import LiveWorkers, capacity, spare
 from shared.service.publish import publish_released
 from shared.service.runtime import Runtime
@@ -228,8 +228,9 @@ class Dispatcher:
         cap = dict(fixed) if fixed is not None else await self.capacity()
         self.rt.metrics.dispatch_rounds.inc()
         released = await self.rt.db.release_tiles(
-            cap, limit=self.config.dispatch_batch, usage_window=self.config.fair_share_window
-        )
+            cap, limit=self.config.dispatch_batch, usage_window=self.config.fair_share_window,
+            run=self.run_of, most=self.config.dispatch_run,
+        )  # fmt: skip
         m = self.rt.metrics
         for renderer, window in released.windows.items():
             m.dispatch_window.labels(renderer=renderer).set(window)
@@ -237,7 +238,7 @@ class Dispatcher:
         if not tiles:
             return []
         crash.crash_point("scheduler.after_release")
-        await publish_released(self.rt, tiles, released.renderers, self.run_lengths(released))
+        await publish_released(self.rt, tiles, released.renderers, released.runs)
         by_renderer: dict[str, int] = {}
         for t in tiles:
             renderer = released.renderers.get(t.job_id, "")
@@ -247,23 +248,14 @@ class Dispatcher:
         self.log.debug("released", tiles=len(tiles), windows=released.windows)
         return tiles
 
-    def run_lengths(self, released: Released) -> dict[str, int]:
-        """``job_id -> tiles per message`` of the released ``tessera`` jobs whose tiles are tiny
-        (:func:`shared.core.runs.run_length`). Other renderers' tiles go one per message: a
-        Blender or POV-Ray tile is a process of its own, never tiny in cost."""
+    def run_of(self, renderer: str, spp: int, pixels: int) -> int:
+        """Tiles per message of a job of ``renderer`` at ``spp`` whose whole tile has ``pixels``
+        (:func:`shared.core.runs.run_length`) for ``tessera`` jobs. Other renderers' tiles go
+        one per message: a Blender or POV-Ray tile is a process of its own, never short."""
+        if renderer != n.RENDERER_TESSERA:
+            return 1
         c = self.config
-        pixels: dict[str, int] = {}
-        for t in released.tiles:
-            x0, y0, x1, y1 = t.rect
-            pixels[t.job_id] = max(pixels.get(t.job_id, 0), (x1 - x0) * (y1 - y0))
-        lengths = {}
-        for job_id, renderer in released.renderers.items():
-            if renderer == n.RENDERER_TESSERA and job_id in pixels:
-                length = run_length(released.spp.get(job_id, 0), pixels[job_id],
-                                    most=c.dispatch_run, work=c.dispatch_run_work)  # fmt: skip
-                if length > 1:
-                    lengths[job_id] = length
-        return lengths
+        return run_length(spp, pixels, most=c.dispatch_run, work=c.dispatch_run_work)
 
     async def _count_backlog(self) -> None:
         if self.rt.settings.process.metrics_port <= 0:

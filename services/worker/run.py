@@ -1,7 +1,7 @@
-"""One TILES delivery: a single tile, or a run of tiny tiles that share the message.
+"""One TILES delivery: a single tile, or a run of short tiles that share the message.
 
-The dispatcher sends consecutive tiny tiles of a job released together as one message
-(:mod:`shared.core.runs`, docs/architecture.md "Runs of tiny tiles"). Each tile of a run is
+The dispatcher sends consecutive short tiles of a job released together as one message
+(:mod:`shared.core.runs`, docs/architecture.md "Runs of short tiles"). Each tile of a run is
 processed by its own :class:`~services.worker.tile.TileRun`, side by side, exactly as a message
 of its own would be — its own lease, fence, render, fenced commit and tile-done event — except
 that none of them settles the message: their outcomes are combined

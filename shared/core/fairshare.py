@@ -11,8 +11,10 @@ The order (docs/architecture.md, "Dispatch"):
 3. within a project, the **oldest job** first (``created_at``, then ``job_id``), its tiles in
    index order (the SQL takes the lowest indexes).
 
-``budgets`` bounds the tiles per renderer (the window); a project's ``max_in_flight`` bounds
-its released-and-unfinished tiles.
+``budgets`` bounds each renderer's window in **messages**: a job's tile weighs ``1 / run``, its
+``run`` tiles sharing one TILES message (docs/architecture.md, "Runs of short tiles"), and is
+released only while its whole weight fits; a project's ``max_in_flight`` bounds its
+released-and-unfinished tiles.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from fractions import Fraction
 
 __all__ = ["ProjectShare", "Waiting", "plan_release"]
 
@@ -35,6 +38,8 @@ class Waiting:
     created_at: datetime
     renderer: str
     tiles: int
+    #: tiles per message (the window counts messages: each tile weighs ``1 / run``)
+    run: int = 1
 
 
 @dataclass(frozen=True)
@@ -51,15 +56,16 @@ class ProjectShare:
 
 def plan_release(
     waiting: Sequence[Waiting],
-    budgets: Mapping[str, int],
+    budgets: Mapping[str, Fraction | int],
     projects: Mapping[str, ProjectShare],
     estimate: float,
     *,
     limit: int | None = None,
 ) -> dict[str, int]:
     """``job_id -> tiles to release`` (jobs with none left out), ``limit`` tiles at most."""
-    total = sum(max(0, b) for b in budgets.values()) if limit is None else limit
-    left = {r: max(0, b) for r, b in budgets.items()}
+    left = {r: max(Fraction(0), Fraction(b)) for r, b in budgets.items()}
+    most = max((w.run for w in waiting), default=1)
+    total = int(sum(left.values()) * most) if limit is None else limit
     usage = {p: s.usage for p, s in projects.items()}
     held = {p: s.in_flight for p, s in projects.items()}
     picks: dict[str, int] = {}
@@ -79,7 +85,7 @@ def plan_release(
             slot = queues[project][0]
             job = slot.job
             slot.remaining -= 1
-            left[job.renderer] -= 1
+            left[job.renderer] -= _weight(job)
             picks[job.job_id] = picks.get(job.job_id, 0) + 1
             usage[project] = usage.get(project, 0.0) + estimate
             held[project] = held.get(project, 0) + 1
@@ -93,11 +99,16 @@ class _Slot:
     remaining: int
 
 
-def _front(queue: deque[_Slot], left: Mapping[str, int]) -> bool:
+def _weight(job: Waiting) -> Fraction:
+    """What one tile of ``job`` takes of its renderer's window (in messages)."""
+    return Fraction(1, max(1, job.run))
+
+
+def _front(queue: deque[_Slot], left: Mapping[str, Fraction]) -> bool:
     """Drop the jobs at the front that can take no more tiles; True if one is left."""
     while queue:
         slot = queue[0]
-        if slot.remaining > 0 and left.get(slot.job.renderer, 0) > 0:
+        if slot.remaining > 0 and left.get(slot.job.renderer, Fraction(0)) >= _weight(slot.job):
             return True
         queue.popleft()
     return False

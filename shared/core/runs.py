@@ -1,11 +1,12 @@
-"""Runs of tiny tiles: how many tiles of a job one ``TILES`` message carries (pure, no I/O).
+"""Runs of short tiles: how many tiles of a job one ``TILES`` message carries (pure, no I/O).
 
 A tile message costs the same coordination whatever the tile's size: the dispatcher's
-confirmed publish, the worker's fetch and ack, the stream's store and delivery. For a tile of
-a few pixel-samples that is most of what the tile costs, so the dispatcher sends consecutive
-tiles of a job released in one round as one message, a **run** (docs/architecture.md, "Runs
-of tiny tiles"). Every tile of a run keeps its own lease, fence, commit and tile-done event;
-only the message is shared.
+confirmed publish and a place in its window, the worker's fetch and ack, the stream's store and
+delivery. For a tile of well under a second that is a real part of what the tile costs, so the
+dispatcher sends consecutive tiles of a job released in one round as one message, a **run**
+(docs/architecture.md, "Runs of short tiles"), which counts once in the dispatch window. Every
+tile of a run keeps its own lease, fence, commit and tile-done event; only the message is
+shared.
 """
 
 from __future__ import annotations

@@ -6,7 +6,10 @@ One transaction (:func:`release`):
    time, so each counts the tiles the previous one released and the window holds across them;
 2. one statement (:func:`_standing`) reads the released-and-unfinished tiles per renderer and
    project, the waiting jobs and their projects' weights and caps;
-3. the window per renderer: its ``capacity`` (from the live workers) minus its in-flight tiles;
+3. the window per renderer: its ``capacity`` (from the live workers) minus its in-flight
+   messages, counted in messages: a tile of a job whose tiles go ``run`` to a message weighs
+   ``1 / run`` (``run`` is the caller's function of the renderer, the samples per pixel and the
+   tile's pixels: the dispatcher's :func:`shared.core.runs.run_length`);
 4. with more than one project waiting, read their usage; then
    :func:`shared.core.fairshare.plan_release` decides how many tiles each job gets;
 5. stamp them in one statement that takes the rows ``FOR UPDATE SKIP LOCKED`` (a row a cancel
@@ -19,15 +22,24 @@ a crash in between leaves released tiles with no message, which the sweeper re-p
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
 
 from shared.core.fairshare import ProjectShare, Waiting, plan_release
 from shared.core.lifecycle import TERMINAL_JOB_STATES, TERMINAL_TILE_STATES, JobState, TileState
 from shared.metadata.audit import Conn
 from shared.metadata.models import Tile
 
-__all__ = ["DISPATCHABLE", "DISPATCH_LOCK", "Released", "release", "tile_seconds", "unreleased"]
+__all__ = [
+    "DISPATCHABLE",
+    "DISPATCH_LOCK",
+    "Released",
+    "release",
+    "single",
+    "tile_seconds",
+    "unreleased",
+]
 
 DISPATCH_LOCK = int.from_bytes(b"tessdisp", "big") & 0x7FFF_FFFF_FFFF_FFFF
 """``pg_advisory_xact_lock`` key of a release (ASCII "tessdisp"); the migrations use another."""
@@ -42,6 +54,10 @@ _TERMINAL_JOBS = [s.value for s in TERMINAL_JOB_STATES]
 _TERMINAL_TILES = [s.value for s in TERMINAL_TILE_STATES]
 _DISPATCHABLE = [s.value for s in DISPATCHABLE]
 _QUEUED = TileState.QUEUED.value
+
+#: the pixels of a whole tile of job row ``j`` (its tiles' largest: a frame smaller than the edge
+#: is one tile)
+_TILE_PIXELS = "LEAST(j.tile_size, j.width)::bigint * LEAST(j.tile_size, j.height)"
 
 #: a dispatchable job row ``j``; $1 is :data:`_DISPATCHABLE`
 JOB_DISPATCHABLE = """
@@ -59,39 +75,44 @@ class Released:
     windows: dict[str, int] = field(default_factory=dict)
     #: job_id -> renderer of the jobs released from
     renderers: dict[str, str] = field(default_factory=dict)
-    #: job_id -> samples per pixel of the jobs released from (how tiny their tiles are)
-    spp: dict[str, int] = field(default_factory=dict)
+    #: job_id -> tiles per message of the jobs released from, where more than one
+    runs: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class _Standing:
     """What a round reads in one statement after the lock (:func:`_standing`)."""
 
-    #: ``(renderer, project, released and unfinished, of them not started)`` of live jobs
-    held: list[tuple[str, str, int, int]]
+    #: ``(renderer, project, released and unfinished, of them not started, samples per pixel,
+    #: pixels of a whole tile)`` of live jobs
+    held: list[tuple[str, str, int, int, int, int]]
     #: dispatchable jobs with unreleased queued tiles (counted up to the statement's cap)
     waiting: list[Waiting]
     #: project -> ``(weight, max_in_flight)`` of the waiting jobs' configured projects
     settings: dict[str, tuple[float, int | None]]
-    #: job_id -> samples per pixel of the waiting jobs
-    spp: dict[str, int]
+    #: job_id -> ``(samples per pixel, pixels of a whole tile)`` of the waiting jobs
+    shape: dict[str, tuple[int, int]]
 
 
 #: the in-flight counts, the waiting jobs and their projects' settings, one statement: a round
 #: is a round trip fewer twice over (the three reads were one statement each). Rows with a
 #: ``job_id`` are waiting jobs, the others in-flight counts. $1 dispatchable job states, $2
-#: terminal tile states, $3 terminal job states, $4 renderers, $5 the count's cap.
+#: terminal tile states, $3 terminal job states, $4 renderers, $5 the count's cap. In-flight
+#: counts are per renderer, project and tile shape (samples per pixel, pixels of a whole tile:
+#: what decides how many tiles share a message).
 _STANDING = f"""
 WITH held AS (
   SELECT j.renderer, j.project, count(*) AS n,
-         count(*) FILTER (WHERE t.state = '{_QUEUED}') AS unstarted
+         count(*) FILTER (WHERE t.state = '{_QUEUED}') AS unstarted,
+         j.spp, {_TILE_PIXELS} AS pixels
   FROM tiles t JOIN jobs j ON j.job_id = t.job_id
   WHERE t.published_at IS NOT NULL AND t.state <> ALL($2::text[])
     AND j.state <> ALL($3::text[])
-  GROUP BY j.renderer, j.project
+  GROUP BY j.renderer, j.project, j.spp, pixels
 ), waiting AS (
   SELECT * FROM (
     SELECT j.job_id, j.project, j.priority, j.created_at, j.renderer, j.spp,
+           {_TILE_PIXELS} AS pixels,
            (SELECT count(*) FROM (
               SELECT 1 FROM tiles t
               WHERE t.job_id = j.job_id AND t.published_at IS NULL AND t.state = '{_QUEUED}'
@@ -103,11 +124,11 @@ WITH held AS (
 SELECT NULL::text AS job_id, h.project, NULL::integer AS priority,
        NULL::timestamptz AS created_at, h.renderer, h.n, h.unstarted,
        NULL::double precision AS weight, NULL::integer AS max_in_flight, false AS configured,
-       NULL::integer AS spp
+       h.spp, h.pixels
 FROM held h
 UNION ALL
 SELECT w.job_id, w.project, w.priority, w.created_at, w.renderer, w.waiting, 0,
-       p.weight, p.max_in_flight, p.name IS NOT NULL, w.spp
+       p.weight, p.max_in_flight, p.name IS NOT NULL, w.spp, w.pixels
 FROM waiting w LEFT JOIN projects p ON p.name = w.project
 """
 
@@ -117,20 +138,21 @@ async def _standing(conn: Conn, renderers: list[str], cap: int) -> _Standing:
     rows = await conn.fetch(
         _STANDING, _DISPATCHABLE, _TERMINAL_TILES, _TERMINAL_JOBS, renderers, cap
     )
-    held: list[tuple[str, str, int, int]] = []
+    held: list[tuple[str, str, int, int, int, int]] = []
     waiting: list[Waiting] = []
     settings: dict[str, tuple[float, int | None]] = {}
-    spp: dict[str, int] = {}
+    shape: dict[str, tuple[int, int]] = {}
     for r in rows:
         if r["job_id"] is None:
-            held.append((r["renderer"], r["project"], int(r["n"]), int(r["unstarted"])))
+            held.append((r["renderer"], r["project"], int(r["n"]), int(r["unstarted"]),
+                         int(r["spp"]), int(r["pixels"])))  # fmt: skip
             continue
         waiting.append(Waiting(r["job_id"], r["project"], r["priority"], r["created_at"],
                                r["renderer"], int(r["n"])))  # fmt: skip
-        spp[r["job_id"]] = int(r["spp"])
+        shape[r["job_id"]] = (int(r["spp"]), int(r["pixels"]))
         if r["configured"]:
             settings[r["project"]] = (float(r["weight"]), r["max_in_flight"])
-    return _Standing(held, waiting, settings, spp)
+    return _Standing(held, waiting, settings, shape)
 
 
 async def _usage(conn: Conn, projects: list[str], window: float) -> tuple[dict[str, float], float]:
@@ -199,22 +221,40 @@ async def _stamp(conn: Conn, picks: Mapping[str, int]) -> list[Tile]:
     return sorted((Tile.from_record(r) for r in rows), key=lambda t: (t.job_id, t.tile_index))
 
 
+def single(renderer: str, spp: int, pixels: int) -> int:
+    """Every tile its own message."""
+    return 1
+
+
 async def release(
-    conn: Conn, capacity: Mapping[str, int], *, limit: int, usage_window: float
+    conn: Conn,
+    capacity: Mapping[str, int],
+    *,
+    limit: int,
+    usage_window: float,
+    run: Callable[[str, int, int], int] = single,
+    most: int = 1,
 ) -> Released:
-    """One release round (see the module docstring); at most ``limit`` tiles."""
+    """One release round (see the module docstring); at most ``limit`` tiles. ``run(renderer,
+    spp, tile pixels)``: how many tiles of such a job share a message (1 to ``most``)."""
     await conn.execute("SELECT pg_advisory_xact_lock($1)", DISPATCH_LOCK)
-    # (the waiting jobs are read for every renderer with a capacity, counted up to the largest
-    # budget a round can have, so one statement serves before the budgets are known)
-    cap = max((min(c, limit) for c in capacity.values()), default=0)
+    # (the waiting jobs are read for every renderer with a capacity, counted up to the most
+    # tiles a round can release, so one statement serves before the budgets are known)
+    cap = max((min(c * max(1, most), limit) for c in capacity.values()), default=0)
     standing = await _standing(conn, sorted(capacity), cap)
     held = standing.held
-    per_renderer: dict[str, int] = {}
-    for renderer, _, count, _ in held:
-        per_renderer[renderer] = per_renderer.get(renderer, 0) + count
-    windows = {r: max(0, c - per_renderer.get(r, 0)) for r, c in capacity.items()}
-    budgets = {r: min(w, limit) for r, w in windows.items() if w > 0}
-    waiting = [w for w in standing.waiting if w.renderer in budgets]
+    per_renderer: dict[str, Fraction] = {}
+    for renderer, _, count, _, spp, pixels in held:
+        units = Fraction(count, max(1, run(renderer, spp, pixels)))
+        per_renderer[renderer] = per_renderer.get(renderer, Fraction(0)) + units
+    free = {r: max(Fraction(0), c - per_renderer.get(r, Fraction(0))) for r, c in capacity.items()}
+    windows = {r: int(f) for r, f in free.items()}
+    budgets = {r: f for r, f in free.items() if f > 0}
+    waiting = [
+        replace(w, run=max(1, run(w.renderer, *standing.shape[w.job_id])))
+        for w in standing.waiting
+        if w.renderer in budgets
+    ]
     if not waiting:
         return Released(windows=windows)
     names = sorted({w.project for w in waiting})
@@ -225,7 +265,7 @@ async def release(
     settings = standing.settings
     in_flight: dict[str, int] = {}
     unstarted: dict[str, int] = {}
-    for _, project, count, queued in held:
+    for _, project, count, queued, _, _ in held:
         in_flight[project] = in_flight.get(project, 0) + count
         unstarted[project] = unstarted.get(project, 0) + queued
     projects = {
@@ -240,8 +280,8 @@ async def release(
     picks = plan_release(waiting, budgets, projects, estimate, limit=limit)
     tiles = await _stamp(conn, picks) if picks else []
     renderers = {w.job_id: w.renderer for w in waiting if w.job_id in picks}
-    spp = {job_id: standing.spp[job_id] for job_id in renderers}
-    return Released(tiles=tiles, windows=windows, renderers=renderers, spp=spp)
+    runs = {w.job_id: w.run for w in waiting if w.job_id in picks and w.run > 1}
+    return Released(tiles=tiles, windows=windows, renderers=renderers, runs=runs)
 
 
 async def unreleased(conn: Conn) -> int:

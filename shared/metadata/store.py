@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import asyncpg
 from asyncpg import Record
@@ -314,17 +314,31 @@ class MetadataStore(StoreBase):
         )
 
     async def release_tiles(
-        self, capacity: Mapping[str, int], *, limit: int, usage_window: float
+        self,
+        capacity: Mapping[str, int],
+        *,
+        limit: int,
+        usage_window: float,
+        run: Callable[[str, int, int], int] | None = None,
+        most: int = 1,
     ) -> dispatch.Released:
         """The dispatcher's round, one transaction (:func:`shared.metadata.dispatch.release`):
         up to ``limit`` unreleased queued tiles of dispatchable jobs, within each renderer's
-        window (``capacity`` minus its released-and-unfinished tiles), highest priority first,
+        window (``capacity`` minus its released-and-unfinished messages: ``run(renderer, spp,
+        tile pixels)`` tiles of a job share one, at most ``most``), highest priority first,
         fair share between projects (core-seconds over ``usage_window`` s) within a priority,
         oldest job first within a project; stamped ``generation + 1``, ``published_at = now()``.
         Dispatchers of several schedulers take turns (a transaction-scoped advisory lock)."""
         return await self._tx(
             "release_tiles",
-            lambda c: dispatch.release(c, capacity, limit=limit, usage_window=usage_window),
+            lambda c: dispatch.release(
+                c,
+                capacity,
+                limit=limit,
+                usage_window=usage_window,
+                run=run or dispatch.single,
+                most=most,
+            ),
         )
 
     async def unreleased_tiles(self) -> int:

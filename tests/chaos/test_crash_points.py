@@ -111,6 +111,10 @@ async def test_crash_point(
     tmp_path: Path,
 ) -> None:
     nth, extra, overrides = case
+    if "TESSERA_DISPATCH_RUN_WORK" not in extra:
+        # each of the tiny job's tiles its own message (the default puts its 4 short tiles in
+        # one run, which RUN_CASES and worker.before_run_settle exercise)
+        extra = {"TESSERA_DISPATCH_RUN": "1"} | extra
     body = tiny(**overrides)
     armed = {"TESSERA_CRASH_AT": f"{point}:{nth}"}
     service = point.split(".")[0]

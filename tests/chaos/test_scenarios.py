@@ -150,7 +150,9 @@ async def test_a_scene_the_kernel_cannot_render_fails_terminally_without_retries
     scene = kernel.builtin_scene("spheres")
     scene["camera"]["up"] = [1e-200, 0, 0]  # validates, but its norm underflows to 0
     body = tiny(scene=scene, project="degenerate")
-    async with open_rig(chaos_env, tmp_path / "logs") as rig:
+    # each tile its own message, so each terminal tile is one dead letter (a run of them is one
+    # dead letter naming its first terminal tile: tests/worker/test_run_unit.py)
+    async with open_rig(chaos_env | {"TESSERA_DISPATCH_RUN": "1"}, tmp_path / "logs") as rig:
         job_id = await rig.submit(body)
         status = await rig.settle(job_id)
         assert status["state"] == "failed_terminal", status

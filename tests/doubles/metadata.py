@@ -15,8 +15,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from fractions import Fraction
 
 from shared.core.errors import ConflictError, NotFoundError, ValidationError
 from shared.core.fairshare import ProjectShare, Waiting, plan_release
@@ -286,27 +287,36 @@ class MemoryMetadata:
         return job.state in DISPATCHABLE and not job.cancel_requested and not overdue
 
     async def release_tiles(
-        self, capacity: Mapping[str, int], *, limit: int, usage_window: float
+        self,
+        capacity: Mapping[str, int],
+        *,
+        limit: int,
+        usage_window: float,
+        run: Callable[[str, int, int], int] | None = None,
+        most: int = 1,
     ) -> Released:
         live = {j for j, job in self.jobs.items() if not is_terminal(job.state)}
-        held: dict[str, int] = {}
+        runs = {j: self._run(job, run) for j, job in self.jobs.items()}
+        held: dict[str, Fraction] = {}
         in_flight: dict[str, int] = {}
         unstarted: dict[str, int] = {}
         for (job_id, _), t in self.tiles.items():
             if t.published_at is None or is_terminal(t.state) or job_id not in live:
                 continue
             job = self.jobs[job_id]
-            held[job.renderer] = held.get(job.renderer, 0) + 1
+            held[job.renderer] = held.get(job.renderer, Fraction(0)) + Fraction(1, runs[job_id])
             in_flight[job.project] = in_flight.get(job.project, 0) + 1
             if t.state is TileState.QUEUED:
                 unstarted[job.project] = unstarted.get(job.project, 0) + 1
-        windows = {r: max(0, c - held.get(r, 0)) for r, c in capacity.items()}
-        budgets = {r: min(w, limit) for r, w in windows.items() if w > 0}
+        free = {r: max(Fraction(0), c - held.get(r, Fraction(0))) for r, c in capacity.items()}
+        windows = {r: int(f) for r, f in free.items()}
+        budgets = {r: f for r, f in free.items() if f > 0}
+        cap = max((min(c * max(1, most), limit) for c in capacity.values()), default=0)
         waiting = [
-            Waiting(j.job_id, j.project, j.priority, j.created_at, j.renderer, n)
+            Waiting(j.job_id, j.project, j.priority, j.created_at, j.renderer, n, runs[j.job_id])
             for j in self.jobs.values()
             if self._dispatchable(j) and j.renderer in budgets
-            and (n := min(len(self._unreleased(j.job_id)), budgets[j.renderer])) > 0
+            and (n := min(len(self._unreleased(j.job_id)), cap)) > 0
         ]  # fmt: skip
         many = len({w.project for w in waiting}) > 1
         usage, estimate = self._usage(usage_window) if many else ({}, DEFAULT_ESTIMATE)
@@ -327,9 +337,17 @@ class MemoryMetadata:
                                                     published_at=_now()))  # fmt: skip
                 self.tiles[job_id, t.tile_index] = released[-1]
         renderers = {w.job_id: w.renderer for w in waiting if w.job_id in picks}
-        spp = {job_id: self.jobs[job_id].spp for job_id in renderers}
+        in_runs = {w.job_id: w.run for w in waiting if w.job_id in picks and w.run > 1}
         return Released(sorted(released, key=lambda t: (t.job_id, t.tile_index)), windows,
-                        renderers, spp)  # fmt: skip
+                        renderers, in_runs)  # fmt: skip
+
+    @staticmethod
+    def _run(job: Job, run: Callable[[str, int, int], int] | None) -> int:
+        """Tiles per message of ``job`` (its whole tile's pixels, as the store counts them)."""
+        if run is None:
+            return 1
+        pixels = min(job.tile_size, job.width) * min(job.tile_size, job.height)
+        return max(1, run(job.renderer, job.spp, pixels))
 
     def _unreleased(self, job_id: str) -> list[Tile]:
         return sorted((t for (j, _), t in self.tiles.items() if j == job_id

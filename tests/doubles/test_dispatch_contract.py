@@ -113,3 +113,23 @@ async def test_a_full_renderer_leaves_the_round_to_the_other(meta: Meta):
     assert _ids(second.tiles) == [(other.job_id, 1), (other.job_id, 2)]
     assert second.windows == {"tessera": 0, "blender": 2}
     assert second.renderers == {other.job_id: "blender"}
+
+
+def _fours(renderer: str, spp: int, pixels: int) -> int:
+    """Four tiles a message for a ``tessera`` job at 16 spp of 32x32 tiles, else one."""
+    return 4 if (renderer, spp, pixels) == ("tessera", 16, 32 * 32) else 1
+
+
+async def test_the_window_counts_messages_and_a_runs_tiles_share_one(meta: Meta):
+    """A tile weighs 1 / its job's run: a window of 2 takes the four tiles of a job sent four
+    to a message (one message) and one tile of a job sent one to a message; those five hold
+    the window, so a window of 3 has room for one more message."""
+    runs = await _job(meta)
+    alone = await _job(meta, spp=64)
+    got = await meta.release_tiles({"tessera": 2}, limit=100, usage_window=300, run=_fours,
+                                   most=4)  # fmt: skip
+    assert _ids(got.tiles) == sorted([(runs.job_id, i) for i in range(4)] + [(alone.job_id, 0)])
+    assert got.runs == {runs.job_id: 4} and got.windows == {"tessera": 2}
+    again = await meta.release_tiles({"tessera": 3}, limit=100, usage_window=300, run=_fours,
+                                     most=4)  # fmt: skip
+    assert _ids(again.tiles) == [(alone.job_id, 1)] and again.windows == {"tessera": 1}

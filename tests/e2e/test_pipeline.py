@@ -104,6 +104,9 @@ async def test_two_workers_one_finalizer_on_sixteen_tiles(
     # worker's batch pull could take every tile of a round, and with tiles of a few ms one
     # worker rendered all 16 (CI, 2026-12-06, twice: at 16 spp, then at 64).
     services.env["TESSERA_WORKER_IN_HAND"] = "1"
+    # Each tile its own message: by default these 16 short tiles (16,384 pixel-samples each,
+    # about 140 ms of one core in all) would share one run, so one worker.
+    services.env["TESSERA_DISPATCH_RUN"] = "1"
     services.start_all(workers=2)
     names = n.Names(e2e_settings.deployment.namespace)
     await workers_live(nc.jetstream(), names, {"worker-1", "worker-2"})
@@ -207,18 +210,20 @@ async def test_sweeper_republishes_a_deleted_tile_message(
     nc: NATS,
     e2e_settings: Settings,
 ) -> None:
+    # runs of two (the default work would put the whole job in one)
+    short_runs = {"TESSERA_DISPATCH_RUN_WORK": "4096"}
     for service in ("gateway", "scheduler", "finalizer"):  # no worker yet
-        services.start(service)
+        services.start(service, env=short_runs if service == "scheduler" else None)
     names = n.Names(e2e_settings.deployment.namespace)
     js = nc.jetstream()
     stream = names.stream(n.STREAM_TILES)
     # A live worker as the dispatcher sees one (6 threads: a window of 12), that renders nothing.
     await announce_idle_worker(js, names)
     body = request()
-    # 16 px tiles at 8 spp are tiny: they go out in runs of two tiles per message
+    # 16 px tiles at 8 spp (2,048 pixel-samples) go out two to a message with that work
     dispatch = e2e_settings.scheduler
     run = run_length(body["spp"], 16 * 16, most=dispatch.dispatch_run,
-                     work=dispatch.dispatch_run_work)  # fmt: skip
+                     work=int(short_runs["TESSERA_DISPATCH_RUN_WORK"]))  # fmt: skip
     assert run == 2
     reply = await submit(client, body)
     job_id = reply["job_id"]

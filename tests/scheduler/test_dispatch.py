@@ -18,12 +18,14 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import asyncpg
+import pytest
 from nats.aio.msg import Msg
 
 from proto import names as n
 from proto.messages import JobMessage, Room, TileMessage
 from services.scheduler.dispatch import Dispatcher, backoff_after, idle_wait
 from services.scheduler.planner import Planner
+from shared.core.config import SchedulerSettings
 from shared.core.lifecycle import TileState
 from shared.core.window import Window
 from shared.metadata import MetadataStore, Tile
@@ -34,6 +36,26 @@ from tests.metadata.conftest import make_new_job
 
 TILES = 48
 """A 64x48 job with 8-pixel tiles."""
+
+
+def _with(rt: Runtime, **scheduler: Any) -> Runtime:
+    """``rt`` with these scheduler settings changed."""
+    changed = dataclasses.replace(rt.settings.scheduler, **scheduler)
+    return dataclasses.replace(rt, settings=dataclasses.replace(rt.settings, scheduler=changed))
+
+
+@pytest.fixture
+def runtime(runtime: Runtime) -> Runtime:
+    """The window and fair-share tests here count tiles: every tile its own message
+    (``TESSERA_DISPATCH_RUN=1``). The tests of runs ask for them (:func:`_runs`)."""
+    return _with(runtime, dispatch_run=1)
+
+
+def _runs(rt: Runtime) -> Runtime:
+    """``rt`` with the default runs (``TESSERA_DISPATCH_RUN``, ``TESSERA_DISPATCH_RUN_WORK``)."""
+    default = SchedulerSettings()
+    return _with(rt, dispatch_run=default.dispatch_run,
+                 dispatch_run_work=default.dispatch_run_work)  # fmt: skip
 
 
 async def _job(rt: Runtime, project: str = "demo", **over: Any) -> str:
@@ -463,9 +485,11 @@ async def test_job_control_events_nudge_the_dispatcher(runtime: Runtime) -> None
 async def test_tiny_tiles_share_messages_in_runs(runtime: Runtime) -> None:
     """48 tiles of 8x8 at 1 spp (64 pixel-samples each, a run of at most 16 by default) go out
     as 3 messages of 16 consecutive tiles; every tile is in exactly one, under its generation;
-    tiles of 128 spp (8,192 pixel-samples each) go alone, and so do a Blender job's."""
+    tiles of 32,768 spp (2,097,152 pixel-samples each, more than half a run's default work) go
+    alone, and so do a Blender job's."""
+    runtime = _runs(runtime)
     tiny = await _job(runtime)
-    big = await _job(runtime, "other", spp=128)
+    big = await _job(runtime, "other", spp=32768)
     blender = await _job(runtime, "third", renderer="blender")  # a process per tile: alone
     released = await Dispatcher(runtime).dispatch_once({"tessera": 96, "blender": 48})
     assert _by_job(released) == {tiny: TILES, big: TILES, blender: TILES}
@@ -480,9 +504,33 @@ async def test_tiny_tiles_share_messages_in_runs(runtime: Runtime) -> None:
 
 async def test_runs_can_be_turned_off(runtime: Runtime) -> None:
     """``TESSERA_DISPATCH_RUN=1``: one message per tile, tiny or not."""
-    scheduler = dataclasses.replace(runtime.settings.scheduler, dispatch_run=1)
-    settings = dataclasses.replace(runtime.settings, scheduler=scheduler)
-    rt = dataclasses.replace(runtime, settings=settings)
+    rt = _with(runtime, dispatch_run=1)
     await _job(rt)
     assert len(await Dispatcher(rt).dispatch_once({"tessera": 48})) == TILES
     assert [m.run for m in await _tile_messages(rt)] == [1] * TILES
+
+
+async def test_the_window_counts_messages_and_a_run_counts_once(runtime: Runtime) -> None:
+    """Each tile weighs 1 / its job's run in the window. A window of 2 takes 32 of a tiny
+    job's tiles (two runs of 16). With 13 of them done, the 19 unfinished hold 19/16 of a
+    message, so a window of 2 leaves 13/16: 13 tiles, one message. Those 32 unfinished fill it.
+    Once they are done, a window of 2 goes by fair share: the tiny job's last 3 tiles (1/16
+    each) and one tile of a job whose tiles go alone (a whole message each); a second one of
+    those no longer fits in what is left (13/16)."""
+    runtime = _runs(runtime)
+    tiny = await _job(runtime)
+    dispatcher = Dispatcher(runtime)
+    first = await dispatcher.dispatch_once({"tessera": 2})
+    assert [t.tile_index for t in first] == list(range(32))
+    assert sorted(m.run for m in await _tile_messages(runtime)) == [16, 16]
+    await _sql(runtime, "UPDATE tiles SET state = 'done' WHERE job_id = $1 AND tile_index < 13",
+               tiny)  # fmt: skip
+    second = await dispatcher.dispatch_once({"tessera": 2})
+    assert [t.tile_index for t in second] == list(range(32, 45))
+    assert sorted(m.run for m in await _tile_messages(runtime)) == [13, 16, 16]
+    alone = await _job(runtime, "other", spp=32768)
+    assert await dispatcher.dispatch_once({"tessera": 2}) == [], "two messages' worth are out"
+    await _sql(runtime, "UPDATE tiles SET state = 'done' WHERE job_id = $1 AND tile_index < 45",
+               tiny)  # fmt: skip
+    third = await dispatcher.dispatch_once({"tessera": 2})
+    assert _by_job(third) == {tiny: 3, alone: 1}

@@ -112,7 +112,8 @@ async def test_a_replan_is_idempotent(rig: Rig):
 
 
 async def test_a_dispatch_round_publishes_what_it_released(rig: Rig):
-    job = await _submitted(rig)
+    # 32x32 tiles at 2,048 spp: 2,097,152 pixel-samples each, so each goes alone (no run)
+    job = (await rig.db.submit_job(make_new_job(spp=2048))).job
     assert await Planner(rig.rt).outcome(_job_delivery(job)) is ACK
     dispatcher = Dispatcher(rig.rt)
     first = await dispatcher.dispatch_once({"tessera": 3})

@@ -259,23 +259,25 @@ class SchedulerSettings:
         read_by="scheduler",
         minimum=1,
     )
-    #: most tiles of one job a TILES message carries (a run of tiny tiles; 1: one per message)
+    #: most tiles of one job a TILES message carries (a run of short tiles; 1: one per message)
     dispatch_run: int = _knob(
         16,
         "TESSERA_DISPATCH_RUN",
-        "most tiles of a `tessera` job one TILES message carries: consecutive tiny tiles released "
-        "together share a message, so the message costs (publish, fetch, ack) are paid once per "
-        "run (1: every tile its own message)",
+        "most tiles of a `tessera` job one TILES message carries: consecutive short tiles "
+        "released together share a message, which counts once in the dispatch window, so the "
+        "message costs (publish, fetch, ack, a round) are paid once per run (1: every tile its "
+        "own message)",
         read_by="scheduler",
         minimum=1,
     )
-    #: pixel-samples (tile pixels x spp) a run covers at most: only tiny tiles are grouped
+    #: pixel-samples (tile pixels x spp) a run covers at most: only short tiles are grouped
     dispatch_run_work: int = _knob(
-        4096,
+        2_097_152,
         "TESSERA_DISPATCH_RUN_WORK",
         "most pixel-samples (tile pixels x spp) a run of tiles covers: a job whose tiles cover "
-        "more than half of it sends each tile alone (the default, a 64x64 tile at 1 spp, groups "
-        "only tiles of well under a millisecond's kernel work)",
+        "more than half of it sends each tile alone (the default, eight 64x64 tiles at 64 spp, "
+        "about a second of one core on the sample scene, makes a message's coordination a small "
+        "part of its work)",
         read_by="scheduler",
         minimum=0,
     )
