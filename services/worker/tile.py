@@ -251,26 +251,22 @@ class TileRun:
             # the lease this copy took is given back on the way out (it changed nothing)
             crash.crash_point("worker.before_copy_release")
             return settled or ACK
-        return await self._leased(job, first.tile, beat, fenced=first.fenced)
+        return await self._leased(job, first.tile, beat, fenced=first.fenced,
+                                  generation=tm.generation)  # fmt: skip
 
-    async def _leased(self, job: Job, tile: Tile, beat: Heartbeat, *, fenced: bool) -> Outcome:
+    async def _leased(
+        self, job: Job, tile: Tile, beat: Heartbeat, *, fenced: bool, generation: int
+    ) -> Outcome:
         """Render under the lease; ``fenced``: :meth:`fence_first` fenced it already, else the
         transaction fences it here (after loading the checkpoint, so the attempt records the
-        resume that happens)."""
+        resume that happens; one job at a time in this worker, :meth:`_fence_in_turn`)."""
         token = beat.lease.token
         renderer = self.ctx.renderers[job.renderer]  # (checked by _gate)
         checkpoints = Checkpoints(self.ctx, job, tile, self.attempt_id, self.log, renderer)
         acc = await checkpoints.resume()  # (a never-leased tile: zeros, nothing read)
         self.resumed_from = checkpoints.resumed_from
         if not fenced:
-            fenced = await self.ctx.db.fence_tile(
-                job.job_id,
-                tile.tile_index,
-                token=token,
-                attempt_id=self.attempt_id,
-                node=self.ctx.node,
-                resumed_from=self.resumed_from,
-            )
+            fenced = await self._fence_in_turn(job, tile, token, generation)
         if not fenced:
             if (await self.ctx.db.job_control(job.job_id)).state is JobState.PAUSED:
                 # A paused job refuses TILE_STARTED: hand the tile back, never drop it.
@@ -294,6 +290,31 @@ class TileRun:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(self._end_attempt(AttemptOutcome.HANDED_BACK, *_CUT))
                 raise
+
+    async def _fence_in_turn(self, job: Job, tile: Tile, token: int, generation: int) -> bool:
+        """The fence's transaction, in the job's turn (:class:`~services.worker.context.JobMoves`):
+        a tile run that waited for another's asks the plain statement again first (that one
+        has moved the job, as a rule), unless it resumes a checkpoint (never the plain case)."""
+        async with self.ctx.moves.turn(job.job_id) as waited:
+            if waited and not self.resumed_from:
+                again = await self.ctx.db.fence_first(
+                    job.job_id,
+                    tile.tile_index,
+                    token=token,
+                    attempt_id=self.attempt_id,
+                    node=self.ctx.node,
+                    generation=generation,
+                )
+                if again.fenced:
+                    return True
+            return await self.ctx.db.fence_tile(
+                job.job_id,
+                tile.tile_index,
+                token=token,
+                attempt_id=self.attempt_id,
+                node=self.ctx.node,
+                resumed_from=self.resumed_from,
+            )
 
     async def _render_and_commit(
         self, job: Job, tile: Tile, acc: Accumulator, cp: Checkpoints, beat: Heartbeat

@@ -82,8 +82,9 @@ class Metrics:
         )  # fmt: skip
         self.dispatch_window = Gauge(
             "tessera_dispatch_window",
-            "Tiles a renderer's live workers could still take at the last round (capacity "
-            "minus released-and-unfinished)", ["renderer"], registry=r,
+            "Messages a renderer's live workers could still take at the last round (capacity "
+            "minus released-and-unfinished; a run of tiles is one message)", ["renderer"],
+            registry=r,
         )  # fmt: skip
         self.dispatch_capacity = Gauge(
             "tessera_dispatch_capacity",
@@ -92,8 +93,8 @@ class Metrics:
         )  # fmt: skip
         self.dispatch_buffer = Gauge(
             "tessera_dispatch_buffer",
-            "Tiles of the renderer's window beyond its capacity, waiting in TILES for the next "
-            "free slot (sized by the measured tile duration and round latency; 0 for long "
+            "Messages of the renderer's window beyond its capacity, waiting in TILES for the "
+            "next free slot (sized by the measured tile duration and round latency; 0 for long "
             "tiles)", ["renderer"], registry=r,
         )  # fmt: skip
         self.dispatch_unreleased = Gauge(

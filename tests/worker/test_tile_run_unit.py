@@ -10,12 +10,14 @@ by :class:`HookedKernels` (the real ``tessera`` renderer, hooked), so nothing de
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,10 +31,10 @@ from services.worker.scenes import SceneCache
 from services.worker.tile import TileRun
 from shared.core.config import LeaseSettings, WorkerSettings
 from shared.core.errors import LeaseLost, RetryableError, StoreUnavailable, TerminalError
-from shared.core.lifecycle import JobTrigger, TileState
+from shared.core.lifecycle import JobState, JobTrigger, TileState
 from shared.core.retry import RetryPolicy
 from shared.core.tiles import Accumulator
-from shared.metadata import AttemptOutcome, CommitOutcome, Job, TileCommit
+from shared.metadata import AttemptOutcome, CommitOutcome, FirstFence, Job, TileCommit
 from shared.nats.leases import Lease, LeaseOwner
 from shared.objectstore import DirectoryStore
 from shared.service.logs import Log
@@ -699,3 +701,48 @@ def test_a_commit_defers_only_while_another_run_owns_a_tile_of_its_job() -> None
     assert not q.defer("j") and q.owners("other") == 1
     q.disown("j", lost)
     assert q.owners("j") == 0
+
+
+async def test_declined_fences_of_a_job_wait_for_one_transaction_then_take_the_plain_statement(
+    tmp_path: Path,
+):
+    """Three tiles of a job TILE_STARTED still moves reach the fence together: the plain
+    statement declines all three; one run (the mover) takes the transaction, which moves the
+    job; the other two wait for it, ask the plain statement again and are fenced by it: one
+    transaction, not three (services/worker/context.py, ``JobMoves``)."""
+    rig = await _rig(tmp_path, tiles=3)
+    assert rig.job.state is not JobState.PROGRESSING, "the first TILE_STARTED moves the job"
+    plain, transactions = rig.db.fence_first, rig.db.fence_tile
+    declined: list[int] = []
+    all_declined = asyncio.Event()
+    fenced_by: list[str] = []
+    in_plain = contextvars.ContextVar("in_plain", default=False)  # (the double's own call)
+
+    async def fence_first(job_id: str, tile_index: int, **kw: Any) -> FirstFence:
+        token = in_plain.set(True)
+        try:
+            first = await plain(job_id, tile_index, **kw)
+        finally:
+            in_plain.reset(token)
+        if first.fenced:
+            fenced_by.append("statement")
+        else:
+            declined.append(tile_index)
+            if len(declined) == 3:
+                all_declined.set()
+        return first
+
+    async def fence_tile(job_id: str, tile_index: int, **kw: Any) -> bool:
+        if not in_plain.get():
+            await all_declined.wait()  # (the transaction waits until every run is declined)
+            fenced_by.append("transaction")
+        return await transactions(job_id, tile_index, **kw)
+
+    rig.db.fence_first = fence_first  # type: ignore[method-assign]
+    rig.db.fence_tile = fence_tile  # type: ignore[method-assign]
+    runs = [rig.run(rig.delivery(tile_index=i)) for i in range(3)]
+    settled = await asyncio.wait_for(asyncio.gather(*runs), 60)
+    assert [d.settled for _, d in settled] == ["ack"] * 3
+    assert sorted(declined) == [0, 1, 2]
+    assert sorted(fenced_by) == ["statement", "statement", "transaction"]
+    assert [t.state for t in await rig.db.list_tiles(rig.job.job_id)] == [TileState.DONE] * 3
