@@ -11,10 +11,10 @@ The order (docs/architecture.md, "Dispatch"):
 3. within a project, the **oldest job** first (``created_at``, then ``job_id``), its tiles in
    index order (the SQL takes the lowest indexes).
 
-``budgets`` bounds each renderer's window in **messages**: a job's tile weighs ``1 / run``, its
-``run`` tiles sharing one TILES message (docs/architecture.md, "Runs of short tiles"), and is
-released only while its whole weight fits; a project's ``max_in_flight`` bounds its
-released-and-unfinished tiles.
+``budgets`` bounds each renderer's window in **messages**: a job's tiles go ``run`` to a TILES
+message (docs/architecture.md, "Runs of short tiles"), so the first tile of each message picked
+for a job takes one of its renderer's budget and the next ``run - 1`` ride along; a project's
+``max_in_flight`` bounds its released-and-unfinished tiles.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from fractions import Fraction
 
 __all__ = ["ProjectShare", "Waiting", "plan_release"]
 
@@ -38,7 +37,7 @@ class Waiting:
     created_at: datetime
     renderer: str
     tiles: int
-    #: tiles per message (the window counts messages: each tile weighs ``1 / run``)
+    #: tiles per message (the window counts messages)
     run: int = 1
 
 
@@ -56,16 +55,16 @@ class ProjectShare:
 
 def plan_release(
     waiting: Sequence[Waiting],
-    budgets: Mapping[str, Fraction | int],
+    budgets: Mapping[str, int],
     projects: Mapping[str, ProjectShare],
     estimate: float,
     *,
     limit: int | None = None,
 ) -> dict[str, int]:
     """``job_id -> tiles to release`` (jobs with none left out), ``limit`` tiles at most."""
-    left = {r: max(Fraction(0), Fraction(b)) for r, b in budgets.items()}
+    left = {r: max(0, b) for r, b in budgets.items()}
     most = max((w.run for w in waiting), default=1)
-    total = int(sum(left.values()) * most) if limit is None else limit
+    total = sum(left.values()) * most if limit is None else limit
     usage = {p: s.usage for p, s in projects.items()}
     held = {p: s.in_flight for p, s in projects.items()}
     picks: dict[str, int] = {}
@@ -77,7 +76,9 @@ def plan_release(
         for w in level:
             queues.setdefault(w.project, deque()).append(_Slot(w, w.tiles))
         while total > 0:
-            ready = [p for p, q in queues.items() if _front(q, left) and _room(p, projects, held)]
+            ready = [
+                p for p, q in queues.items() if _front(q, left, picks) and _room(p, projects, held)
+            ]
             if not ready:
                 break
             share = {p: projects.get(p, ProjectShare()) for p in ready}
@@ -85,7 +86,8 @@ def plan_release(
             slot = queues[project][0]
             job = slot.job
             slot.remaining -= 1
-            left[job.renderer] -= _weight(job)
+            if _starts_message(job, picks):
+                left[job.renderer] -= 1
             picks[job.job_id] = picks.get(job.job_id, 0) + 1
             usage[project] = usage.get(project, 0.0) + estimate
             held[project] = held.get(project, 0) + 1
@@ -99,16 +101,17 @@ class _Slot:
     remaining: int
 
 
-def _weight(job: Waiting) -> Fraction:
-    """What one tile of ``job`` takes of its renderer's window (in messages)."""
-    return Fraction(1, max(1, job.run))
+def _starts_message(job: Waiting, picks: Mapping[str, int]) -> bool:
+    """Whether the next tile picked for ``job`` is the first of a new message."""
+    return picks.get(job.job_id, 0) % max(1, job.run) == 0
 
 
-def _front(queue: deque[_Slot], left: Mapping[str, Fraction]) -> bool:
+def _front(queue: deque[_Slot], left: Mapping[str, int], picks: Mapping[str, int]) -> bool:
     """Drop the jobs at the front that can take no more tiles; True if one is left."""
     while queue:
         slot = queue[0]
-        if slot.remaining > 0 and left.get(slot.job.renderer, Fraction(0)) >= _weight(slot.job):
+        fits = left.get(slot.job.renderer, 0) > 0 or not _starts_message(slot.job, picks)
+        if slot.remaining > 0 and fits:
             return True
         queue.popleft()
     return False

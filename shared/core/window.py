@@ -1,8 +1,8 @@
 """The dispatch window rule: pure functions, no I/O (docs/architecture.md, "Scheduler").
 
 A renderer's window is ``base + buffer`` messages released and unfinished (a tile alone is a
-message; a run of short tiles is one, each of its tiles weighing ``1 / run``:
-:func:`shared.metadata.dispatch.release`). Below, "tile" means such a message:
+message; a run of short tiles is one: :func:`shared.metadata.dispatch.release`). Below, "tile"
+means such a message:
 
 - ``base = TESSERA_DISPATCH_FACTOR x threads`` of its live workers: the tiles they hold;
 - ``buffer``: tiles waiting in ``TILES`` for the next free slot, so a worker that finishes a

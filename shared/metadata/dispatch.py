@@ -7,9 +7,10 @@ One transaction (:func:`release`):
 2. one statement (:func:`_standing`) reads the released-and-unfinished tiles per renderer and
    project, the waiting jobs and their projects' weights and caps;
 3. the window per renderer: its ``capacity`` (from the live workers) minus its in-flight
-   messages, counted in messages: a tile of a job whose tiles go ``run`` to a message weighs
-   ``1 / run`` (``run`` is the caller's function of the renderer, the samples per pixel and the
-   tile's pixels: the dispatcher's :func:`shared.core.runs.run_length`);
+   messages: a job's ``n`` released-and-unfinished tiles are ``ceil(n / run)`` messages, where
+   its tiles go ``run`` to a message (``run`` is the caller's function of the renderer, the
+   samples per pixel and the tile's pixels: the dispatcher's
+   :func:`shared.core.runs.run_length`; a worker holds a message until its last tile is done);
 4. with more than one project waiting, read their usage; then
    :func:`shared.core.fairshare.plan_release` decides how many tiles each job gets;
 5. stamp them in one statement that takes the rows ``FOR UPDATE SKIP LOCKED`` (a row a cancel
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from fractions import Fraction
 
 from shared.core.fairshare import ProjectShare, Waiting, plan_release
 from shared.core.lifecycle import TERMINAL_JOB_STATES, TERMINAL_TILE_STATES, JobState, TileState
@@ -71,7 +71,7 @@ class Released:
     """What one release did: the tiles stamped (new generation) and the windows it saw."""
 
     tiles: list[Tile] = field(default_factory=list)
-    #: renderer -> tiles it could still take before this release
+    #: renderer -> messages it could still take before this release
     windows: dict[str, int] = field(default_factory=dict)
     #: job_id -> renderer of the jobs released from
     renderers: dict[str, str] = field(default_factory=dict)
@@ -84,7 +84,7 @@ class _Standing:
     """What a round reads in one statement after the lock (:func:`_standing`)."""
 
     #: ``(renderer, project, released and unfinished, of them not started, samples per pixel,
-    #: pixels of a whole tile)`` of live jobs
+    #: pixels of a whole tile)`` of each live job
     held: list[tuple[str, str, int, int, int, int]]
     #: dispatchable jobs with unreleased queued tiles (counted up to the statement's cap)
     waiting: list[Waiting]
@@ -98,8 +98,8 @@ class _Standing:
 #: is a round trip fewer twice over (the three reads were one statement each). Rows with a
 #: ``job_id`` are waiting jobs, the others in-flight counts. $1 dispatchable job states, $2
 #: terminal tile states, $3 terminal job states, $4 renderers, $5 the count's cap. In-flight
-#: counts are per renderer, project and tile shape (samples per pixel, pixels of a whole tile:
-#: what decides how many tiles share a message).
+#: counts are per job, with its tile shape (samples per pixel, pixels of a whole tile: what
+#: decides how many of its tiles share a message).
 _STANDING = f"""
 WITH held AS (
   SELECT j.renderer, j.project, count(*) AS n,
@@ -108,7 +108,7 @@ WITH held AS (
   FROM tiles t JOIN jobs j ON j.job_id = t.job_id
   WHERE t.published_at IS NOT NULL AND t.state <> ALL($2::text[])
     AND j.state <> ALL($3::text[])
-  GROUP BY j.renderer, j.project, j.spp, pixels
+  GROUP BY j.job_id, j.renderer, j.project, j.spp, pixels
 ), waiting AS (
   SELECT * FROM (
     SELECT j.job_id, j.project, j.priority, j.created_at, j.renderer, j.spp,
@@ -243,13 +243,12 @@ async def release(
     cap = max((min(c * max(1, most), limit) for c in capacity.values()), default=0)
     standing = await _standing(conn, sorted(capacity), cap)
     held = standing.held
-    per_renderer: dict[str, Fraction] = {}
+    per_renderer: dict[str, int] = {}
     for renderer, _, count, _, spp, pixels in held:
-        units = Fraction(count, max(1, run(renderer, spp, pixels)))
-        per_renderer[renderer] = per_renderer.get(renderer, Fraction(0)) + units
-    free = {r: max(Fraction(0), c - per_renderer.get(r, Fraction(0))) for r, c in capacity.items()}
-    windows = {r: int(f) for r, f in free.items()}
-    budgets = {r: f for r, f in free.items() if f > 0}
+        messages = -(-count // max(1, run(renderer, spp, pixels)))
+        per_renderer[renderer] = per_renderer.get(renderer, 0) + messages
+    windows = {r: max(0, c - per_renderer.get(r, 0)) for r, c in capacity.items()}
+    budgets = {r: w for r, w in windows.items() if w > 0}
     waiting = [
         replace(w, run=max(1, run(w.renderer, *standing.shape[w.job_id])))
         for w in standing.waiting

@@ -44,13 +44,17 @@ TEMP_SUFFIX = ".tmp"
 _Read = list[bytes | NotFoundError | CorruptObject]
 READ_CHUNK = 16
 """Objects :meth:`DirectoryStore.get_many` reads in one thread call, at most."""
+READ_CHUNK_LEAST = 4
+"""... and at least, unless fewer are read (a hop to a thread per object costs more)."""
 
 
 def _chunk_size(count: int) -> int:
-    """Objects per thread call for a read of ``count``: at most :data:`READ_CHUNK`, and few
-    enough that every core gets a share (the nine 740 KB results of a ``--tile auto`` frame:
-    two calls on two cores, where one call read and hashed all nine alone)."""
-    return max(1, min(READ_CHUNK, -(-count // (os.cpu_count() or 1))))
+    """Objects per thread call for a read of ``count``: between :data:`READ_CHUNK_LEAST` and
+    :data:`READ_CHUNK`, and few enough that every core this process may run on gets a share
+    (the nine 740 KB results of a ``--tile auto`` frame: two calls on two cores, where one call
+    read and hashed all nine alone)."""
+    cores = len(os.sched_getaffinity(0)) or 1
+    return min(READ_CHUNK, max(READ_CHUNK_LEAST, -(-count // cores)))
 
 
 class DirectoryStore(ObjectStore):

@@ -17,7 +17,6 @@ import dataclasses
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from fractions import Fraction
 
 from shared.core.errors import ConflictError, NotFoundError, ValidationError
 from shared.core.fairshare import ProjectShare, Waiting, plan_release
@@ -297,20 +296,23 @@ class MemoryMetadata:
     ) -> Released:
         live = {j for j, job in self.jobs.items() if not is_terminal(job.state)}
         runs = {j: self._run(job, run) for j, job in self.jobs.items()}
-        held: dict[str, Fraction] = {}
+        tiles_held: dict[str, int] = {}
         in_flight: dict[str, int] = {}
         unstarted: dict[str, int] = {}
         for (job_id, _), t in self.tiles.items():
             if t.published_at is None or is_terminal(t.state) or job_id not in live:
                 continue
             job = self.jobs[job_id]
-            held[job.renderer] = held.get(job.renderer, Fraction(0)) + Fraction(1, runs[job_id])
+            tiles_held[job_id] = tiles_held.get(job_id, 0) + 1
             in_flight[job.project] = in_flight.get(job.project, 0) + 1
             if t.state is TileState.QUEUED:
                 unstarted[job.project] = unstarted.get(job.project, 0) + 1
-        free = {r: max(Fraction(0), c - held.get(r, Fraction(0))) for r, c in capacity.items()}
-        windows = {r: int(f) for r, f in free.items()}
-        budgets = {r: f for r, f in free.items() if f > 0}
+        held: dict[str, int] = {}
+        for job_id, count in tiles_held.items():
+            renderer = self.jobs[job_id].renderer
+            held[renderer] = held.get(renderer, 0) + -(-count // runs[job_id])
+        windows = {r: max(0, c - held.get(r, 0)) for r, c in capacity.items()}
+        budgets = {r: w for r, w in windows.items() if w > 0}
         cap = max((min(c * max(1, most), limit) for c in capacity.values()), default=0)
         waiting = [
             Waiting(j.job_id, j.project, j.priority, j.created_at, j.renderer, n, runs[j.job_id])

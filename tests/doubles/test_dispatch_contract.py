@@ -121,9 +121,9 @@ def _fours(renderer: str, spp: int, pixels: int) -> int:
 
 
 async def test_the_window_counts_messages_and_a_runs_tiles_share_one(meta: Meta):
-    """A tile weighs 1 / its job's run: a window of 2 takes the four tiles of a job sent four
-    to a message (one message) and one tile of a job sent one to a message; those five hold
-    the window, so a window of 3 has room for one more message."""
+    """The window counts messages: a window of 2 takes the four tiles of a job sent four to a
+    message (one message) and one tile of a job sent one to a message; those two messages hold
+    the window, so a window of 3 has room for one more."""
     runs = await _job(meta)
     alone = await _job(meta, spp=64)
     got = await meta.release_tiles({"tessera": 2}, limit=100, usage_window=300, run=_fours,

@@ -511,12 +511,12 @@ async def test_runs_can_be_turned_off(runtime: Runtime) -> None:
 
 
 async def test_the_window_counts_messages_and_a_run_counts_once(runtime: Runtime) -> None:
-    """Each tile weighs 1 / its job's run in the window. A window of 2 takes 32 of a tiny
-    job's tiles (two runs of 16). With 13 of them done, the 19 unfinished hold 19/16 of a
-    message, so a window of 2 leaves 13/16: 13 tiles, one message. Those 32 unfinished fill it.
-    Once they are done, a window of 2 goes by fair share: the tiny job's last 3 tiles (1/16
-    each) and one tile of a job whose tiles go alone (a whole message each); a second one of
-    those no longer fits in what is left (13/16)."""
+    """The window counts messages: a job's unfinished tiles are ceil(n / run) of them (a worker
+    holds a message until its last tile is done). A window of 2 takes 32 of a tiny job's tiles
+    (two runs of 16). With 13 of them done, both messages are still held: nothing more. With the
+    first run done, one is: the next round releases the job's last 16 tiles as one message.
+    A job whose tiles go alone then waits while those two messages are out, and takes two
+    tiles, a message each, once they are done."""
     runtime = _runs(runtime)
     tiny = await _job(runtime)
     dispatcher = Dispatcher(runtime)
@@ -525,12 +525,14 @@ async def test_the_window_counts_messages_and_a_run_counts_once(runtime: Runtime
     assert sorted(m.run for m in await _tile_messages(runtime)) == [16, 16]
     await _sql(runtime, "UPDATE tiles SET state = 'done' WHERE job_id = $1 AND tile_index < 13",
                tiny)  # fmt: skip
-    second = await dispatcher.dispatch_once({"tessera": 2})
-    assert [t.tile_index for t in second] == list(range(32, 45))
-    assert sorted(m.run for m in await _tile_messages(runtime)) == [13, 16, 16]
-    alone = await _job(runtime, "other", spp=32768)
-    assert await dispatcher.dispatch_once({"tessera": 2}) == [], "two messages' worth are out"
-    await _sql(runtime, "UPDATE tiles SET state = 'done' WHERE job_id = $1 AND tile_index < 45",
+    assert await dispatcher.dispatch_once({"tessera": 2}) == [], "both messages still held"
+    await _sql(runtime, "UPDATE tiles SET state = 'done' WHERE job_id = $1 AND tile_index < 16",
                tiny)  # fmt: skip
+    second = await dispatcher.dispatch_once({"tessera": 2})
+    assert [t.tile_index for t in second] == list(range(32, 48))
+    assert sorted(m.run for m in await _tile_messages(runtime)) == [16, 16, 16]
+    alone = await _job(runtime, "other", spp=32768)
+    assert await dispatcher.dispatch_once({"tessera": 2}) == [], "two messages are out"
+    await _sql(runtime, "UPDATE tiles SET state = 'done' WHERE job_id = $1", tiny)
     third = await dispatcher.dispatch_once({"tessera": 2})
-    assert _by_job(third) == {tiny: 3, alone: 1}
+    assert _by_job(third) == {alone: 2}

@@ -158,14 +158,15 @@ async def test_get_many_answers_each_object_as_get_does(store: ObjectStore, pref
 
 @pytest.mark.parametrize(
     ("cores", "count", "size"),
-    [(2, 9, 5), (2, 64, READ_CHUNK), (2, 1, 1), (2, 0, 1), (8, 40, 5), (1, 9, 9), (None, 3, 3)],
+    [(2, 9, 5), (2, 64, READ_CHUNK), (2, 1, 4), (8, 40, 5), (1, 9, 9), (64, 64, 4), (1, 40, 16)],
 )
 def test_a_short_read_of_the_directory_store_is_split_over_the_cores(
-    monkeypatch: pytest.MonkeyPatch, cores: int | None, count: int, size: int
+    monkeypatch: pytest.MonkeyPatch, cores: int, count: int, size: int
 ) -> None:
-    """Objects per thread call: a finalization's few large results go to every core, a long
-    list in calls of at most READ_CHUNK (one core, or an unknown count: one call)."""
-    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    """Objects per thread call: a finalization's few large results go to every core this
+    process may run on, in calls of at least 4 objects (fewer only when fewer are read) and at
+    most READ_CHUNK."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
     assert _chunk_size(count) == size
 
 
