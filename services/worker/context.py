@@ -263,8 +263,10 @@ class JobMoves:
 
     @contextlib.asynccontextmanager
     async def turn(self, job_id: str) -> AsyncIterator[bool]:
-        """Hold the job's turn; ``True`` if another tile run held it first (and has finished:
-        the plain statement is worth asking again), ``False`` for the mover itself."""
+        """The job's turn: ``False`` for the mover, which holds it for the block; ``True`` for a
+        tile run that waited for another's turn to end, which holds none (the job has likely
+        moved: the plain statement is worth asking again; a second decline takes its own
+        transaction beside any others, as before)."""
         waited = False
         while (moving := self._moving.get(job_id)) is not None:
             waited = True
