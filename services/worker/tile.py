@@ -45,7 +45,7 @@ from shared.core.errors import (
 )
 from shared.core.lifecycle import IllegalTransition, JobState, TileState, TileTrigger, is_terminal
 from shared.core.tiles import Accumulator, to_npy
-from shared.metadata import AttemptOutcome, CommitOutcome, Job, Tile, TileCommit
+from shared.metadata import AttemptOutcome, CommitOutcome, FirstFence, Job, Tile, TileCommit
 from shared.nats.leases import Lease, LeaseOwner
 from shared.objectstore import tile_result_key
 from shared.service.heartbeat import Heartbeat
@@ -238,14 +238,7 @@ class TileRun:
             if settled is not None or tile is None:
                 return settled or ACK
             return await self._unrelease(job, tile, beat)
-        first = await self.ctx.db.fence_first(
-            job.job_id,
-            tm.tile_index,
-            token=beat.lease.token,
-            attempt_id=self.attempt_id,
-            node=self.ctx.node,
-            generation=tm.generation,
-        )
+        first = await self._fence_first(job.job_id, tm.tile_index, beat.lease.token, tm.generation)
         settled = None if first.fenced else await self._settled(tm, job, first.tile)
         if settled is not None or first.tile is None:
             # the lease this copy took is given back on the way out (it changed nothing)
@@ -291,20 +284,21 @@ class TileRun:
                     await asyncio.shield(self._end_attempt(AttemptOutcome.HANDED_BACK, *_CUT))
                 raise
 
+    async def _fence_first(
+        self, job_id: str, tile_index: int, token: int, generation: int
+    ) -> FirstFence:
+        """The plain fence statement for this attempt (:meth:`TileStore.fence_first`)."""
+        return await self.ctx.db.fence_first(job_id, tile_index, token=token,
+                                             attempt_id=self.attempt_id, node=self.ctx.node,
+                                             generation=generation)  # fmt: skip
+
     async def _fence_in_turn(self, job: Job, tile: Tile, token: int, generation: int) -> bool:
         """The fence's transaction, in the job's turn (:class:`~services.worker.context.JobMoves`):
         a tile run that waited for another's asks the plain statement again first (that one
         has moved the job, as a rule), unless it resumes a checkpoint (never the plain case)."""
         async with self.ctx.moves.turn(job.job_id) as waited:
             if waited and not self.resumed_from:
-                again = await self.ctx.db.fence_first(
-                    job.job_id,
-                    tile.tile_index,
-                    token=token,
-                    attempt_id=self.attempt_id,
-                    node=self.ctx.node,
-                    generation=generation,
-                )
+                again = await self._fence_first(job.job_id, tile.tile_index, token, generation)
                 if again.fenced:
                     return True
             return await self.ctx.db.fence_tile(
