@@ -112,13 +112,13 @@ class Render:
             if why := await self._stop_now():
                 return Stopped(why, samples)
             end = _pass_end(plan, samples, size, job.spp, tuning)
-            started = time.monotonic()
+            before = self.render_seconds
             if not interruptible:
                 await self._pass(prepared, rect, samples, end, acc)
             elif why := await self._raced_pass(prepared, rect, samples, end, acc):
                 return Stopped(why, samples)  # the partial pass is discarded
             if plan is None:
-                size = pass_size(end - samples, time.monotonic() - started, tuning)
+                size = pass_size(end - samples, self.render_seconds - before, tuning)
             samples = end
             due = time.monotonic() - last_checkpoint >= tuning.checkpoint_interval
             if due and samples < job.spp:
@@ -264,10 +264,14 @@ def adaptive_end(samples: int, size: int, spp: int, tuning: WorkerSettings) -> i
 def pass_size(samples: int, seconds: float, tuning: WorkerSettings) -> int:
     """Samples per pixel of the next pass, after a pass of ``samples`` took ``seconds``.
 
-    Sized from the measured rate to take about ``pass_seconds``: never below
+    Sized from the measured rate to take about ``pass_seconds`` of one core: never below
     ``samples_per_pass``, and at most 16 times the last pass, so one fast outlier cannot make a
-    pass that outlasts the cancel and checkpoint grain by much. ``seconds`` is wall time on
-    the loop (queueing for a kernel thread included), so the estimate errs towards short passes.
+    pass that outlasts the cancel and checkpoint grain by much. ``seconds`` is what the pass
+    took on the renderer (its bands' seconds summed), not its wall time on the loop: that
+    includes the wait for a kernel thread behind the other tiles in hand, and sized the passes
+    of a job's first tiles, started before its rate was known, at the floor for good (issue
+    19: (a)'s first 16 tiles took 16 passes of 4 samples each, were in flight for the whole
+    job and needed lease renewals, while later tiles took one pass).
     """
     floor = tuning.samples_per_pass
     if tuning.pass_seconds <= 0 or samples <= 0:

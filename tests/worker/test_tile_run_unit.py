@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import kernel
@@ -193,6 +194,16 @@ async def _rig(
     return Rig(ctx, db, leases, pointers, events, kernels, handing_back, cancelled, job)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _warm_kernel() -> None:
+    """The kernel's first call in a process loads its compiled code. A test run alone would
+    otherwise measure that load as its first pass, and size its later passes by it."""
+    settings = kernel.RenderSettings(width=8, height=8, spp=1)
+    prepared = kernel.prepare(kernel.builtin_scene("spheres"), 0, settings)
+    rect = Rect(0, 0, 8, 8)
+    kernel.render_tile(prepared, rect, 0, 1, np.zeros((8, 8, 3)))
+
+
 @pytest.fixture
 async def rig(tmp_path: Path) -> Rig:
     return await _rig(tmp_path)
@@ -303,6 +314,41 @@ async def test_a_tile_of_a_job_the_worker_has_measured_starts_with_a_sized_pass(
     await rig.run(rig.delivery(tile_index=1))
     # 8 samples of 64 pixels take well under pass_seconds: the whole tile in one pass
     assert rig.kernels.ran[first_tile:] == [(0, 8)]
+
+
+class _Clock:
+    """``time`` for the render loop, whose monotonic clock a test can move ahead."""
+
+    def __init__(self) -> None:
+        self.ahead = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.ahead
+
+
+async def test_a_pass_is_sized_by_what_it_took_on_the_renderer_not_by_its_wait(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tile started before its job's rate was known waits in line behind the other tiles in
+    hand: its 4-sample first pass ends seconds after it began. The next pass is sized by the
+    pass's own seconds on the renderer, so the tile is done in one more pass, not in passes
+    of 4 that keep it (and its lease) in flight for the whole job."""
+    from services.worker import render
+
+    clock = _Clock()
+    monkeypatch.setattr(render, "time", clock)
+    rig = await _rig(tmp_path, spp=64)
+    adaptive = WorkerSettings(samples_per_pass=4, pass_seconds=0.5, checkpoint_interval=3600.0)
+    rig = dataclasses.replace(rig, ctx=dataclasses.replace(rig.ctx, worker_config=adaptive))
+
+    async def waited_in_line(end: int) -> None:
+        clock.ahead += 5.0  # ten times pass_seconds went by on the loop's clock
+
+    rig.kernels.after_pass = waited_in_line
+    _, d = await rig.run()
+    assert d.settled == "ack"
+    assert sum(rig.kernels.took) < 0.5, "8x8 pixels of 64 samples: well under a pass"
+    assert rig.kernels.ran == [(0, 4), (4, 64)], "at most 16 times the first pass, then the rest"
 
 
 async def test_a_result_object_is_written_without_fsync(
