@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Container, Iterator, Mapping
+from collections.abc import AsyncIterator, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -22,6 +22,7 @@ from proto import names as n
 from proto.messages import TileDone, TilesDone
 from services.worker.renderers import Renderer
 from services.worker.scenes import SceneCache
+from shared.core import crash
 from shared.core.config import LeaseSettings, WorkerSettings
 from shared.core.errors import TerminalError
 from shared.core.lifecycle import JobState, JobTrigger, TileTrigger, is_terminal
@@ -50,6 +51,7 @@ __all__ = [
     "PassRates",
     "PointerStore",
     "Questions",
+    "RunCommits",
     "StopReason",
     "StopView",
     "TileContext",
@@ -281,6 +283,48 @@ class JobMoves:
         finally:
             del self._moving[job_id]
             done.set_result(None)
+
+
+class RunCommits:
+    """The commits of one run's tiles, held until none of its tiles is still rendering.
+
+    The tiles of a run (:mod:`services.worker.run`) render side by side, their passes' bands
+    queued together, so they end within about a band of each other; but a commit is one round
+    trip and the next tile ends tens of milliseconds later, so each went to PostgreSQL alone
+    (one statement per tile) and each tile-done to NATS in a write of its own. Now a tile
+    rendered and written waits here (its heartbeat still renewing its lease) until every other
+    tile of its run is rendered too or has ended its steps some other way; then they all commit
+    in the same turn of the loop, and the store's group commit
+    (:class:`~shared.core.coalesce.Coalescer`) sends them as one statement. Each commit is
+    still fenced on its own row. The message was settled after the run's last tile anyway, so
+    nothing is acked later; a crash while tiles wait here loses their uncommitted results,
+    which the redelivered run renders again (crash point ``worker.after_run_rendered``).
+    """
+
+    def __init__(self, tiles: Iterable[int]) -> None:
+        #: tiles of the run neither rendered nor ended
+        self._rendering = set(tiles)
+        self._none_left = asyncio.Event()
+        self._opened = False
+        self._check()
+
+    def ended(self, tile_index: int) -> None:
+        """The tile's steps ended (any outcome): the run's commits wait for it no longer."""
+        self._rendering.discard(tile_index)
+        self._check()
+
+    async def rendered(self, tile_index: int) -> None:
+        """The tile is rendered and its result written: returns once no tile of the run is
+        still rendering (at once for the last one)."""
+        self.ended(tile_index)
+        await self._none_left.wait()
+        if not self._opened:  # (the first tile through: every result written, none committed)
+            self._opened = True
+            crash.crash_point("worker.after_run_rendered")
+
+    def _check(self) -> None:
+        if not self._rendering:
+            self._none_left.set()
 
 
 class JobCache:

@@ -4,6 +4,8 @@ The dispatcher sends consecutive short tiles of a job released together as one m
 (:mod:`shared.core.runs`, docs/architecture.md "Runs of short tiles"). Each tile of a run is
 processed by its own :class:`~services.worker.tile.TileRun`, side by side, exactly as a message
 of its own would be — its own lease, fence, render, fenced commit and tile-done event — except
+that their commits wait for one another (:class:`~services.worker.context.RunCommits`: once none
+of the run's tiles is still rendering they go together, one statement) and
 that none of them settles the message: their outcomes are combined
 (:func:`~shared.service.settle.combine`) and the message is settled once, after the last tile's
 outcome (crash point ``worker.before_run_settle``). Their heartbeats all extend the one
@@ -19,7 +21,7 @@ import asyncio
 from collections.abc import Callable
 
 from proto.messages import TileMessage
-from services.worker.context import TileContext
+from services.worker.context import RunCommits, TileContext
 from services.worker.tile import TileRun
 from shared.core import crash
 from shared.core.errors import DecodeError
@@ -45,10 +47,21 @@ async def handle(
     if message.run == 1:
         await TileRun(ctx, delivery, message).run()
         return
-    runs = [TileRun(ctx, delivery, message.single(i)) for i in message.tiles]
+    commits = RunCommits(message.tiles)
+    runs = [TileRun(ctx, delivery, message.single(i), commits) for i in message.tiles]
     for r in runs:  # each tile's lines name the run its message carried
         r.log = r.log.bind(run=message.run, run_first=message.tile_index)
-    results = await asyncio.gather(*(r.outcome() for r in runs), return_exceptions=True)
+
+    async def outcome(r: TileRun, tile_index: int) -> Outcome:
+        try:
+            return await r.outcome()
+        finally:  # (any outcome, or a bug): the run's other commits wait for it no longer
+            commits.ended(tile_index)
+
+    results = await asyncio.gather(
+        *(outcome(r, i) for r, i in zip(runs, message.tiles, strict=True)),
+        return_exceptions=True,
+    )
     outcomes: list[Outcome] = []
     for result in results:
         if isinstance(result, BaseException):

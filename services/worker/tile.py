@@ -11,7 +11,8 @@
 5. render in passes off the loop; checkpoint every ``checkpoint_interval``; check cancel and the
    lease between passes — the render ends :class:`Finished` or :class:`Stopped` (a
    :class:`~services.worker.context.StopReason`);
-6. write the result (content-addressed), commit it **fenced**;
+6. write the result (content-addressed), commit it **fenced** (a tile of a run: together with
+   the run's other tiles, once none of them is still rendering: :class:`RunCommits`);
 7. publish tile-done (and tiles-done if this commit completed the job), clean up, leave the
    lease to its TTL, **then ack**.
 
@@ -33,7 +34,7 @@ from dataclasses import replace
 from proto import names as n
 from proto.messages import TileDone, TileMessage, TilesDone
 from services.worker.checkpoints import Checkpoints
-from services.worker.context import StopReason, TileContext
+from services.worker.context import RunCommits, StopReason, TileContext
 from services.worker.render import Finished, Render, Stopped, pass_size
 from shared.core import crash
 from shared.core.errors import (
@@ -74,12 +75,18 @@ class TileRun:
     """Processes one TILES delivery."""
 
     def __init__(
-        self, ctx: TileContext, delivery: Delivery, message: TileMessage | None = None
+        self,
+        ctx: TileContext,
+        delivery: Delivery,
+        message: TileMessage | None = None,
+        commits: RunCommits | None = None,
     ) -> None:
         self.ctx = ctx
         self.delivery = delivery
         #: the tile, when the caller decoded it (one tile of a run); else the body is decoded
         self.message = message
+        #: the run's commits this tile's commit goes with (a tile of a run)
+        self.commits = commits
         self.attempt_id = n.new_attempt_id()
         self.log = ctx.log.bind(attempt_id=self.attempt_id)
         self.token: int | None = None  # our fencing token once the tile row is fenced
@@ -354,6 +361,8 @@ class TileRun:
             # rendered again (docs/architecture.md, "Worker flow" step 6).
             await self.ctx.store.put(key, data, durable=False)
         crash.crash_point("worker.after_result_write")
+        if self.commits is not None:  # with the run's other tiles, once none still renders
+            await self.commits.rendered(tile.tile_index)
         if beat.lost.is_set():
             return Stopped(StopReason.LEASE_LOST, job.spp)  # like a loss between passes
         done = TileCommit(

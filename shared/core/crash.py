@@ -23,6 +23,8 @@ POINTS = frozenset(
         "worker.after_checkpoint",
         "worker.during_renew",  # between the renew request and its reply being used
         "worker.after_result_write",  # tile result in the object store, not yet committed
+        # every tile of a run rendered (or ended), results written, none of them committed
+        "worker.after_run_rendered",
         "worker.after_commit",  # committed in Postgres, tile-done not yet published
         "worker.before_tiles_done",  # the job's last commit announced, tiles-done not yet out
         "worker.before_copy_release",  # a copy with nothing to render settled, its lease held

@@ -47,6 +47,9 @@ CASES: dict[str, tuple[int, dict[str, str], dict[str, Any]]] = {
     "worker.after_deferred_ack": (1, {}, {}),
     # the tiny job's 4 tiles in one message (a run): every tile settled, the message not
     "worker.before_run_settle": (1, {"TESSERA_DISPATCH_RUN_WORK": "65536"}, {}),
+    # the tiny job's 4 tiles in one run, every result written and none committed (the commits
+    # wait for the run's last render): the redelivered run renders all four again
+    "worker.after_run_rendered": (1, {"TESSERA_DISPATCH_RUN_WORK": "65536"}, {}),
     # reached once per job, by the commit that completes it: the unacked message comes back,
     # finds the tile done and announces the completion (nothing else would finalize the job)
     "worker.before_tiles_done": (1, {}, {}),
@@ -90,12 +93,15 @@ def test_every_point_has_a_scenario() -> None:
 
 
 #: points of a tile's own steps, reached again with the tiny job's 4 tiles in one message (a
-#: run): the first tile to get there kills the worker while the other three are mid-way, and the
+#: run): the first tile to get there kills the worker while the other three are mid-way (at
+#: ``worker.after_commit``: committed with it, the run's commits going together), and the
 #: redelivered run renders what is not done
+RUN_POINTS = ("worker.after_lease", "worker.after_result_write", "worker.after_commit",
+              "worker.before_ack")  # fmt: skip
 RUN_CASES = {
     point: (nth, extra | {"TESSERA_DISPATCH_RUN_WORK": "65536"}, overrides)
     for point, (nth, extra, overrides) in CASES.items()
-    if point in ("worker.after_lease", "worker.after_commit", "worker.before_ack")
+    if point in RUN_POINTS
 }
 
 

@@ -10,13 +10,16 @@ from pathlib import Path
 
 import pytest
 
+import kernel
+from kernel.rect import Rect
 from proto import names as n
 from proto.messages import TileMessage, TilesDone
 from services.worker import run
 from services.worker.tile import TileRun
 from shared.core.errors import DecodeError, RetryableError, TerminalError
 from shared.core.lifecycle import TileState
-from shared.metadata import AttemptOutcome
+from shared.core.tiles import Accumulator
+from shared.metadata import AttemptOutcome, CommitOutcome, TileCommit
 from shared.nats.leases import LeaseOwner
 from shared.service.settle import (
     ACK,
@@ -29,7 +32,8 @@ from shared.service.settle import (
     combine,
 )
 from tests.doubles.delivery import FakeDelivery
-from tests.worker.test_tile_run_unit import Rig, _rig
+from tests.helpers import eventually
+from tests.worker.test_tile_run_unit import SPP, Rig, _rig
 
 TILES = 4
 
@@ -72,6 +76,49 @@ async def test_a_run_renders_each_tile_under_its_own_lease_and_acks_once(rig: Ri
         assert held is not None and held[0].attempt_id == by_tile[i]
     assert rig.events.all_done == [TilesDone(rig.job.job_id, max(fences.values()))]
     assert rig.count("tessera_tiles_completed_total") == TILES
+
+
+async def test_a_runs_tiles_commit_together_once_none_is_still_rendering(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tile 2 is held after its first pass: the other three finish rendering and wait, their
+    results uncommitted, and all four commit once it is done (one statement on PostgreSQL,
+    through the store's group commit)."""
+    go, held = asyncio.Event(), asyncio.Event()
+    render = rig.kernels.render
+
+    async def third_tile_slow(
+        prepared: kernel.Prepared, rect: Rect, start: int, end: int, acc: Accumulator
+    ) -> float:
+        seconds = await render(prepared, rect, start, end, acc)
+        if rect.x0 == 16 and end == 1:  # tile 2's first pass (of SPP = 2)
+            held.set()
+            await go.wait()
+        return seconds
+
+    committed: list[int] = []
+    commit = rig.db.commit_tile
+
+    async def recorded(done: TileCommit) -> CommitOutcome:
+        committed.append(done.tile_index)
+        return await commit(done)
+
+    monkeypatch.setattr(rig.kernels, "render", third_tile_slow)
+    monkeypatch.setattr(rig.db, "commit_tile", recorded)
+    task = asyncio.create_task(_handle(rig, _run_of(rig)))
+    await asyncio.wait_for(held.wait(), 30)
+    await eventually(
+        lambda: [end for _, end in rig.kernels.ran].count(SPP) == TILES - 1,
+        what="the three other tiles rendered",
+        timeout=30,
+    )
+    assert committed == [], "rendered, not committed while a tile of the run still renders"
+    assert await _states(rig) == [TileState.LEASED] * TILES
+    go.set()
+    d = await asyncio.wait_for(task, 60)
+    assert d.settled == "ack" and sorted(committed) == list(range(TILES))
+    assert await _states(rig) == [TileState.DONE] * TILES
+    assert rig.events.all_done != [], "the job's completion announced once they all committed"
 
 
 async def test_a_redelivered_run_renders_only_its_tiles_not_done(rig: Rig) -> None:
