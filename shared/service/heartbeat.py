@@ -82,8 +82,8 @@ class Heartbeat:
                 self.renewals += 1
                 self.last_renewed = time.monotonic()
                 self.log.debug("lease renewed", key=renewed.key, revision=renewed.revision)
-                if self.delivery is not None:
-                    await self.delivery.in_progress()
+                if self.delivery is not None:  # (once a beat for the heartbeats of a run)
+                    await self.delivery.in_progress(unless_within=self.interval / 2)
             except LeaseLost as exc:
                 self.log.warning("lease lost", key=self.lease.key, error=str(exc))
                 self.lost.set()

@@ -35,6 +35,7 @@ it, and the message comes back after ``ack_wait``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -138,6 +139,8 @@ class Delivery:
         self._copy = copy
         #: how the delivery was settled (``ack``, ``nak``, ``term``), or ``None``
         self.settled: str | None = None
+        #: when its ack deadline was last reset (monotonic), or ``None``
+        self.extended_at: float | None = None
 
     @classmethod
     def of(cls, rt: Runtime, msg: Msg) -> Delivery:
@@ -190,10 +193,20 @@ class Delivery:
         await self._send("term", self.msg.term())
         self.settled = "term"
 
-    async def in_progress(self) -> None:
-        """Reset the ack deadline (+WPI); nothing once the delivery is settled."""
-        if self.settled is None:
-            await self._send("in_progress", self.msg.in_progress())
+    async def in_progress(self, *, unless_within: float = 0.0) -> None:
+        """Reset the ack deadline (+WPI); nothing once the delivery is settled, nor when this
+        delivery's deadline was reset less than ``unless_within`` seconds ago (the tiles of a
+        run share one message: their heartbeats, due together, need to reset it once)."""
+        if self.settled is not None:
+            return
+        now = time.monotonic()
+        if self.extended_at is not None and now - self.extended_at < unless_within:
+            return
+        self.extended_at = now
+        await self._extend()
+
+    async def _extend(self) -> None:
+        await self._send("in_progress", self.msg.in_progress())
 
     async def _send(self, what: str, request: Awaitable[None]) -> None:
         try:

@@ -24,6 +24,7 @@ class FakeDelivery(Delivery):
         self.delay: float | None = None
         self.letters: list[DeadLetter] = []
         self.in_progress_calls = 0
+        self.extended_at: float | None = None
         #: whether the ack waited for the server's confirmation (``None``: not acked)
         self.confirmed: bool | None = None
 
@@ -55,6 +56,5 @@ class FakeDelivery(Delivery):
             await letter.record()
         self.settled = "term"
 
-    async def in_progress(self) -> None:
-        if self.settled is None:
-            self.in_progress_calls += 1
+    async def _extend(self) -> None:
+        self.in_progress_calls += 1

@@ -88,6 +88,26 @@ async def test_ack_is_confirmed_once_and_a_later_settle_changes_nothing(js, stre
     assert d.settled == "ack" and await _pending(js, stream) == (0, 0)
 
 
+async def test_in_progress_is_sent_once_within_the_gap_its_caller_asks(js, nc, stream, fetch):
+    """The heartbeats of a run's tiles share one message: due together, one reset is sent."""
+    msg = await fetch()
+    sent: list[bytes] = []
+
+    async def seen(ack: Msg) -> None:
+        sent.append(ack.data)
+
+    watch = await nc.subscribe(msg.reply, cb=seen)  # what reaches the server's ack subject
+    await nc.flush()
+    d = Delivery(msg, Copies(js, stream))
+    await d.in_progress(unless_within=60.0)
+    await d.in_progress(unless_within=60.0)  # a second heartbeat of the same beat: not sent
+    await d.in_progress()  # no gap asked for: sent
+    await d.nak()  # (sent after them, on the same connection)
+    await eventually(lambda: b"-NAK" in sent, timeout=5, what="the nak seen on its subject")
+    await watch.unsubscribe()
+    assert sent == [b"+WPI", b"+WPI", b"-NAK"]
+
+
 async def test_an_unconfirmed_ack_is_sent_without_a_reply_and_settles_once(js, nc, stream, fetch):
     d = Delivery(await fetch(), Copies(js, stream))
     await settle(d, ACK_RECORDED)

@@ -15,6 +15,7 @@ import dataclasses
 from shared.nats.leases import Lease, LeaseOwner
 from shared.service.heartbeat import Heartbeat
 from shared.service.logs import Log
+from tests.doubles.delivery import FakeDelivery
 
 
 class SwallowingLeases:
@@ -84,3 +85,28 @@ class CountingLeases:
         if len(self.at) >= 3:
             self.third.set()
         return dataclasses.replace(lease, revision=lease.revision + 1)
+
+
+class GapDelivery(FakeDelivery):
+    """A delivery that records the gap each ``in_progress`` asks for."""
+
+    def __init__(self) -> None:
+        super().__init__(b"")
+        self.gaps: list[float] = []
+
+    async def in_progress(self, *, unless_within: float = 0.0) -> None:
+        self.gaps.append(unless_within)
+        await super().in_progress(unless_within=unless_within)
+
+
+async def test_the_heartbeats_of_a_runs_tiles_reset_their_message_once_a_beat() -> None:
+    """Every tile of a run beats on the same message: each asks to reset its deadline unless
+    it was reset within half an interval, so tiles due together send one reset (the gap
+    itself is tested against the server in ``tests/stores/test_settle.py``)."""
+    lease = Lease("tile.j.0", token=1, revision=1, owner=LeaseOwner("n", "a"), ttl=2)
+    leases, delivery = CountingLeases(), GapDelivery()
+    beat = Heartbeat(leases, lease, delivery, 0.02, Log("test")).start()
+    await asyncio.wait_for(leases.third.wait(), 5)
+    await beat.stop()
+    assert len(delivery.gaps) >= 2 and set(delivery.gaps) == {0.01}
+    assert delivery.in_progress_calls >= 2, "one beat apart: each reset is sent"
