@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 from proto import names as n
 from proto.messages import TileDone, TilesDone
@@ -43,6 +43,7 @@ from shared.service.announce import announce_completion, fail_job
 from shared.service.logs import Log
 from shared.service.metrics import Metrics
 from shared.service.runtime import Runtime
+from shared.service.settle import Delivery
 
 __all__ = [
     "JobCache",
@@ -52,6 +53,7 @@ __all__ = [
     "PointerStore",
     "Questions",
     "RunCommits",
+    "RunTurns",
     "StopReason",
     "StopView",
     "TileContext",
@@ -327,6 +329,83 @@ class RunCommits:
             self._none_left.set()
 
 
+class RunTurns:
+    """Runs whose tiles have started in this worker: at most one per kernel thread.
+
+    A worker holds two messages per kernel thread (the dispatch window counts them), and a run's
+    tiles are all leased and fenced when it starts, their passes' bands queued behind those of
+    the runs started before it. With four runs of eight started at once, (a)'s tiles were
+    leased about 2.2 s before their commit on two threads, past the heartbeat interval, so
+    nearly every tile renewed its lease. Now a run beyond one per thread waits here unstarted —
+    nothing leased, fenced or rendered, its message's ack deadline reset every heartbeat
+    interval — and starts, in the order they came, as a started run ends; it is still in hand,
+    so it starts at once, with no fetch between. A message of one tile never waits: it is a
+    tile long enough to be sent alone, and two per thread keep the cores busy through each
+    one's I/O (Worker flow). A drain hands a waiting run back at once, nothing of it started.
+    """
+
+    def __init__(self, threads: int) -> None:
+        if threads < 1:
+            raise ValueError(f"threads must be at least 1, not {threads}")
+        self.threads = threads
+        #: runs holding a turn (started, or handed a turn and about to start)
+        self.started = 0
+        self._waiting: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def waiting(self) -> int:
+        """Runs waiting for a turn."""
+        return sum(1 for f in self._waiting if not f.done())
+
+    @contextlib.asynccontextmanager
+    async def turn(
+        self, delivery: Delivery, interval: float, handing_back: asyncio.Event
+    ) -> AsyncIterator[bool]:
+        """A turn for the run of ``delivery``, held for the block: ``True`` once it has one;
+        ``False`` (holding none) if the worker began handing its messages back first."""
+        mine = await self._wait(delivery, interval, handing_back)
+        try:
+            yield mine
+        finally:
+            if mine:
+                self._pass_on()
+
+    async def _wait(self, delivery: Delivery, interval: float, back: asyncio.Event) -> bool:
+        if self.started < self.threads and not self.waiting:
+            self.started += 1
+            return True
+        mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(mine)
+        crash.crash_point("worker.run_waiting")
+        backing = asyncio.ensure_future(back.wait())
+        either: set[asyncio.Future[Any]] = {mine, backing}
+        try:
+            while not mine.done() and not back.is_set():
+                await asyncio.wait(either, timeout=interval)
+                if not mine.done() and not back.is_set():
+                    await delivery.in_progress()
+        except BaseException:
+            if mine.done() and not mine.cancelled():
+                self._pass_on()  # handed a turn as this wait failed: it goes to the next run
+            mine.cancel()
+            raise
+        finally:
+            backing.cancel()
+        if mine.done():
+            return True
+        mine.cancel()  # (skipped when a turn is passed on)
+        return False
+
+    def _pass_on(self) -> None:
+        """A run's turn ends: to the run that waited longest, if any."""
+        while self._waiting:
+            waiter = self._waiting.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the turn is its now (``started`` counts it still)
+                return
+        self.started -= 1
+
+
 class JobCache:
     """Job rows, cached: what tiles need of them (scene, settings, input hash) never changes.
 
@@ -486,6 +565,8 @@ class TileContext:
     retry: RetryPolicy
     node: str
     log: Log
+    #: runs started here, at most one per kernel thread (the others wait unstarted)
+    turns: RunTurns
     #: the slowest measured rate of each job's passes (the first pass of its next tile)
     rates: PassRates = dataclasses.field(default_factory=PassRates)
     #: the runs of each job that own an unfinished tile here (a commit then need not ask)

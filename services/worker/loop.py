@@ -17,7 +17,14 @@ from nats.aio.msg import Msg
 from proto import names as n
 from proto.messages import TileMessage
 from services.worker import renderers, run
-from services.worker.context import JobCache, NatsTileEvents, StopView, TileContext, Wakers
+from services.worker.context import (
+    JobCache,
+    NatsTileEvents,
+    RunTurns,
+    StopView,
+    TileContext,
+    Wakers,
+)
 from services.worker.kernels import KernelThreads
 from services.worker.presence import Presence
 from services.worker.renderers.tessera import TesseraKernel
@@ -96,6 +103,7 @@ class Worker:
             retry=rt.retry,
             node=rt.node,
             log=self.log,
+            turns=RunTurns(self.slots),
         )
 
     async def run(self, stop: asyncio.Event) -> None:

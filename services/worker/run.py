@@ -9,7 +9,8 @@ of the run's tiles is still rendering they go together, one statement) and
 that none of them settles the message: their outcomes are combined
 (:func:`~shared.service.settle.combine`) and the message is settled once, after the last tile's
 outcome (crash point ``worker.before_run_settle``). Their heartbeats all extend the one
-message's ack deadline.
+message's ack deadline. A worker starts one run per kernel thread at a time; a run message
+beyond that waits in hand unstarted (:class:`~services.worker.context.RunTurns`).
 
 A redelivered run finds its done tiles done (re-announced, nothing rendered) and renders the
 rest, as a redelivered single tile does.
@@ -25,7 +26,7 @@ from services.worker.context import RunCommits, TileContext
 from services.worker.tile import TileRun
 from shared.core import crash
 from shared.core.errors import DecodeError
-from shared.service.settle import Ack, Delivery, Outcome, combine, settle
+from shared.service.settle import HAND_BACK, Ack, Delivery, Outcome, combine, settle
 
 __all__ = ["handle"]
 
@@ -47,6 +48,16 @@ async def handle(
     if message.run == 1:
         await TileRun(ctx, delivery, message).run()
         return
+    interval = ctx.lease_config.heartbeat_interval
+    async with ctx.turns.turn(delivery, interval, ctx.stop.handing_back) as started:
+        if started:
+            await _run(ctx, delivery, message)
+        else:  # the worker hands its messages back: the run goes back whole, nothing started
+            await settle(delivery, HAND_BACK)
+
+
+async def _run(ctx: TileContext, delivery: Delivery, message: TileMessage) -> None:
+    """Every tile of the run side by side, then the message settled once."""
     commits = RunCommits(message.tiles)
     runs = [TileRun(ctx, delivery, message.single(i), commits) for i in message.tiles]
     for r in runs:  # each tile's lines name the run its message carried

@@ -22,6 +22,9 @@ from tests.helpers import eventually
 
 pytestmark = pytest.mark.chaos
 
+#: pixel-samples of one of the tiny job's tiles (16x16 at 16 spp)
+TINY_TILE_WORK = 16 * 16 * 16
+
 #: point -> (nth arrival, extra env for every service, request overrides)
 CASES: dict[str, tuple[int, dict[str, str], dict[str, Any]]] = {
     "worker.before_lease": (1, {}, {}),
@@ -50,6 +53,13 @@ CASES: dict[str, tuple[int, dict[str, str], dict[str, Any]]] = {
     # the tiny job's 4 tiles in one run, every result written and none committed (the commits
     # wait for the run's last render): the redelivered run renders all four again
     "worker.after_run_rendered": (1, {"TESSERA_DISPATCH_RUN_WORK": "65536"}, {}),
+    # the tiny job in two runs of two (each tile 4096 pixel-samples) on one kernel thread: the
+    # second run waits in hand for the first's turn, nothing of it started; both come back
+    "worker.run_waiting": (
+        1,
+        {"TESSERA_DISPATCH_RUN_WORK": str(2 * TINY_TILE_WORK), "TESSERA_WORKER_SLOTS": "1"},
+        {},
+    ),
     # reached once per job, by the commit that completes it: the unacked message comes back,
     # finds the tile done and announces the completion (nothing else would finalize the job)
     "worker.before_tiles_done": (1, {}, {}),
@@ -157,7 +167,8 @@ async def test_crash_point(
             assert report.resumes >= 1, "a tile with a checkpoint resumed from it"
         await watch.unsubscribe()
         if "TESSERA_DISPATCH_RUN_WORK" in extra:
-            run = rig.names.tile_subject(job_id, 0, run=4)
-            assert published[:1] == [run], f"the job's 4 tiles went out as one run: {published}"
+            length = int(extra["TESSERA_DISPATCH_RUN_WORK"]) // TINY_TILE_WORK
+            run = rig.names.tile_subject(job_id, 0, run=min(length, 4))
+            assert published[:1] == [run], f"the job's first tiles went out as a run: {published}"
             runs = {line.get("run") for line in rig.log_lines("worker") if "run" in line}
-            assert runs <= {4}, "every line of a run's tile names its run of 4"
+            assert runs <= {min(length, 4)}, "every line of a run's tile names its run"

@@ -121,6 +121,35 @@ async def test_a_runs_tiles_commit_together_once_none_is_still_rendering(
     assert rig.events.all_done != [], "the job's completion announced once they all committed"
 
 
+async def test_a_second_run_waits_unleased_for_the_first_and_a_drain_hands_it_back(
+    rig: Rig,
+) -> None:
+    """One kernel thread: the run of tiles 2-3 waits while the run of tiles 0-1 renders (held
+    in its first pass), nothing of it leased; the worker's drain hands it back unstarted."""
+    go, held = asyncio.Event(), asyncio.Event()
+
+    async def hold(end: int) -> None:
+        held.set()
+        await go.wait()
+
+    rig.kernels.after_pass = hold
+    first = asyncio.create_task(_handle(rig, _run_of(rig, 0, 2)))
+    await asyncio.wait_for(held.wait(), 30)
+    rig.kernels.after_pass = None
+    second = asyncio.create_task(_handle(rig, _run_of(rig, 2, 2)))
+    await eventually(lambda: rig.ctx.turns.waiting == 1, timeout=10, what="the second run waiting")
+    assert {a.tile_index for a in await rig.db.attempts(rig.job.job_id)} == {0, 1}
+    for i in (2, 3):
+        assert await rig.leases.holder(n.lease_key_tile(rig.job.job_id, i)) is None
+    rig.handing_back.set()
+    d = await asyncio.wait_for(second, 10)
+    assert (d.settled, d.delay) == ("nak", None), "handed back at once"
+    assert {a.tile_index for a in await rig.db.attempts(rig.job.job_id)} == {0, 1}
+    go.set()
+    await asyncio.wait_for(first, 60)
+    assert rig.ctx.turns.started == 0
+
+
 async def test_a_redelivered_run_renders_only_its_tiles_not_done(rig: Rig) -> None:
     await _handle(rig, FakeDelivery(TileMessage(rig.job.job_id, 1, 0, 2).encode()))
     first = {a.tile_index for a in await rig.db.attempts(rig.job.job_id)}

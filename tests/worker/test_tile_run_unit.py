@@ -26,7 +26,7 @@ import kernel
 from kernel.rect import Rect
 from proto import names as n
 from proto.messages import TileDone, TileMessage, TilesDone
-from services.worker.context import JobCache, Questions, StopView, TileContext
+from services.worker.context import JobCache, Questions, RunTurns, StopView, TileContext
 from services.worker.renderers.tessera import TesseraKernel
 from services.worker.scenes import SceneCache
 from services.worker.tile import TileRun
@@ -190,6 +190,7 @@ async def _rig(
         retry=RetryPolicy(base=1.0, cap=8.0, jitter=0.0),
         node="unit",
         log=Log("test.tile_run"),
+        turns=RunTurns(1),
     )
     return Rig(ctx, db, leases, pointers, events, kernels, handing_back, cancelled, job)
 

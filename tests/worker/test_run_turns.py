@@ -1,0 +1,104 @@
+"""Run turns (:class:`services.worker.context.RunTurns`): one started run per kernel thread, the
+others waiting in hand unstarted, their messages' deadlines kept, handed back on a drain."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.worker.context import RunTurns
+from tests.doubles.delivery import FakeDelivery
+from tests.helpers import eventually
+
+INTERVAL = 0.05
+
+
+class Run:
+    """A run asking for a turn: holds it until ``done`` is set; records what it got."""
+
+    def __init__(self, turns: RunTurns, back: asyncio.Event, started: list[str], name: str):
+        self.delivery = FakeDelivery(b"")
+        self.done = asyncio.Event()
+        self.got: bool | None = None
+
+        async def go() -> None:
+            async with turns.turn(self.delivery, INTERVAL, back) as got:
+                self.got = got
+                if got:
+                    started.append(name)
+                    await self.done.wait()
+
+        self.task = asyncio.create_task(go())
+
+
+async def test_a_run_beyond_one_per_thread_waits_its_turn_in_order_keeping_its_message():
+    turns, back, started = RunTurns(1), asyncio.Event(), list[str]()
+    first = Run(turns, back, started, "first")
+    await eventually(lambda: started == ["first"], timeout=5, what="the first run started")
+    second, third = Run(turns, back, started, "second"), Run(turns, back, started, "third")
+    await eventually(lambda: turns.waiting == 2, timeout=5, what="two runs waiting")
+    # while it waits, its message's ack deadline is reset once an interval
+    await eventually(lambda: second.delivery.in_progress_calls >= 2, timeout=5,
+                     what="the waiting run's deadline reset")  # fmt: skip
+    assert started == ["first"] and turns.started == 1
+    first.done.set()
+    await eventually(lambda: started == ["first", "second"], timeout=5, what="the next in order")
+    second.done.set()
+    await eventually(lambda: started == ["first", "second", "third"], timeout=5, what="the third")
+    third.done.set()
+    await asyncio.wait_for(asyncio.gather(first.task, second.task, third.task), 5)
+    assert turns.started == 0 and turns.waiting == 0
+    assert first.delivery.in_progress_calls == 0, "a run that started at once waited for nothing"
+
+
+async def test_two_threads_start_two_runs_at_once():
+    turns, back, started = RunTurns(2), asyncio.Event(), list[str]()
+    runs = [Run(turns, back, started, name) for name in ("a", "b", "c")]
+    await eventually(lambda: sorted(started) == ["a", "b"] and turns.waiting == 1, timeout=5,
+                     what="two started, one waiting")  # fmt: skip
+    for run in runs:
+        run.done.set()
+    await asyncio.wait_for(asyncio.gather(*(r.task for r in runs)), 5)
+    assert sorted(started) == ["a", "b", "c"] and turns.started == 0
+
+
+async def _one_started_one_waiting(
+    turns: RunTurns, back: asyncio.Event, started: list[str]
+) -> tuple[Run, Run]:
+    first = Run(turns, back, started, "first")
+    await eventually(lambda: started == ["first"], timeout=5, what="the first run started")
+    waiting = Run(turns, back, started, "waiting")
+    await eventually(lambda: turns.waiting == 1, timeout=5, what="a run waiting")
+    return first, waiting
+
+
+async def test_a_drain_hands_a_waiting_run_back_unstarted():
+    turns, back, started = RunTurns(1), asyncio.Event(), list[str]()
+    first, waiting = await _one_started_one_waiting(turns, back, started)
+    back.set()
+    await asyncio.wait_for(waiting.task, 5)
+    assert waiting.got is False and started == ["first"]
+    first.done.set()
+    await asyncio.wait_for(first.task, 5)
+    assert turns.started == 0 and turns.waiting == 0
+
+
+async def test_a_waiting_run_that_is_cancelled_leaves_no_turn_behind():
+    turns, back, started = RunTurns(1), asyncio.Event(), list[str]()
+    first, gone = await _one_started_one_waiting(turns, back, started)
+    gone.task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await gone.task
+    later = Run(turns, back, started, "later")
+    await eventually(lambda: turns.waiting == 1, timeout=5, what="the later run waiting")
+    first.done.set()
+    await eventually(lambda: started == ["first", "later"], timeout=5, what="the turn passed on")
+    later.done.set()
+    await asyncio.wait_for(asyncio.gather(first.task, later.task), 5)
+    assert turns.started == 0
+
+
+def test_at_least_one_thread() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        RunTurns(0)
