@@ -381,7 +381,7 @@ class RunTurns:
         either: set[asyncio.Future[Any]] = {mine, backing}
         try:
             while not mine.done() and not back.is_set():
-                await asyncio.wait(either, timeout=interval)
+                await asyncio.wait(either, timeout=interval, return_when=asyncio.FIRST_COMPLETED)
                 if not mine.done() and not back.is_set():
                     await delivery.in_progress()
         except BaseException:

@@ -11,19 +11,28 @@ from services.worker.context import RunTurns
 from tests.doubles.delivery import FakeDelivery
 from tests.helpers import eventually
 
-INTERVAL = 0.05
+#: a heartbeat interval no test waits for: a turn passed on, or a drain, must wake a waiting
+#: run at once, not at its next deadline reset
+LONG = 60.0
 
 
 class Run:
     """A run asking for a turn: holds it until ``done`` is set; records what it got."""
 
-    def __init__(self, turns: RunTurns, back: asyncio.Event, started: list[str], name: str):
+    def __init__(
+        self,
+        turns: RunTurns,
+        back: asyncio.Event,
+        started: list[str],
+        name: str,
+        interval: float = LONG,
+    ) -> None:
         self.delivery = FakeDelivery(b"")
         self.done = asyncio.Event()
         self.got: bool | None = None
 
         async def go() -> None:
-            async with turns.turn(self.delivery, INTERVAL, back) as got:
+            async with turns.turn(self.delivery, interval, back) as got:
                 self.got = got
                 if got:
                     started.append(name)
@@ -38,9 +47,6 @@ async def test_a_run_beyond_one_per_thread_waits_its_turn_in_order_keeping_its_m
     await eventually(lambda: started == ["first"], timeout=5, what="the first run started")
     second, third = Run(turns, back, started, "second"), Run(turns, back, started, "third")
     await eventually(lambda: turns.waiting == 2, timeout=5, what="two runs waiting")
-    # while it waits, its message's ack deadline is reset once an interval
-    await eventually(lambda: second.delivery.in_progress_calls >= 2, timeout=5,
-                     what="the waiting run's deadline reset")  # fmt: skip
     assert started == ["first"] and turns.started == 1
     first.done.set()
     await eventually(lambda: started == ["first", "second"], timeout=5, what="the next in order")
@@ -50,6 +56,20 @@ async def test_a_run_beyond_one_per_thread_waits_its_turn_in_order_keeping_its_m
     await asyncio.wait_for(asyncio.gather(first.task, second.task, third.task), 5)
     assert turns.started == 0 and turns.waiting == 0
     assert first.delivery.in_progress_calls == 0, "a run that started at once waited for nothing"
+
+
+async def test_a_waiting_run_resets_its_messages_deadline_once_an_interval():
+    turns, back, started = RunTurns(1), asyncio.Event(), list[str]()
+    first = Run(turns, back, started, "first")
+    await eventually(lambda: started == ["first"], timeout=5, what="the first run started")
+    second = Run(turns, back, started, "second", interval=0.05)
+    await eventually(lambda: second.delivery.in_progress_calls >= 2, timeout=5,
+                     what="the waiting run's deadline reset")  # fmt: skip
+    assert started == ["first"]
+    first.done.set()
+    await eventually(lambda: started == ["first", "second"], timeout=5, what="its turn")
+    second.done.set()
+    await asyncio.wait_for(asyncio.gather(first.task, second.task), 5)
 
 
 async def test_two_threads_start_two_runs_at_once():
