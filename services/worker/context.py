@@ -371,6 +371,8 @@ class RunTurns:
                 self._pass_on()
 
     async def _wait(self, delivery: Delivery, interval: float, back: asyncio.Event) -> bool:
+        if back.is_set():
+            return False  # (the worker hands its messages back: start nothing more)
         if self.started < self.threads and not self.waiting:
             self.started += 1
             return True
@@ -391,10 +393,22 @@ class RunTurns:
             raise
         finally:
             backing.cancel()
-        if mine.done():
+        if mine.done() and back.is_set():
+            self._pass_on()  # handed a turn as the drain began: not started, the turn goes on
+        elif mine.done():
+            # Its last reset may be an interval old, and its tiles' heartbeats first reset it
+            # an interval after their leases: reset it now, as a message fetched now would be.
+            await self._reset(delivery)
             return True
         mine.cancel()  # (skipped when a turn is passed on)
         return False
+
+    async def _reset(self, delivery: Delivery) -> None:
+        try:
+            await delivery.in_progress()
+        except BaseException:
+            self._pass_on()  # (the turn was ours: the next run takes it)
+            raise
 
     def _pass_on(self) -> None:
         """A run's turn ends: to the run that waited longest, if any."""

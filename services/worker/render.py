@@ -42,7 +42,16 @@ from shared.metadata import Job, Tile
 from shared.service.heartbeat import Heartbeat
 from shared.service.logs import Log
 
-__all__ = ["Finished", "Render", "Stalled", "Stopped", "adaptive_end", "first_pass", "pass_size"]
+__all__ = [
+    "Finished",
+    "Render",
+    "Stalled",
+    "Stopped",
+    "adaptive_end",
+    "first_pass",
+    "pass_size",
+    "watchdog_bound",
+]
 
 
 class Stalled(RetryableError):
@@ -112,13 +121,15 @@ class Render:
             if why := await self._stop_now():
                 return Stopped(why, samples)
             end = _pass_end(plan, samples, size, job.spp, tuning)
-            before = self.render_seconds
+            before, started = self.render_seconds, time.monotonic()
             if not interruptible:
                 await self._pass(prepared, rect, samples, end, acc)
             elif why := await self._raced_pass(prepared, rect, samples, end, acc):
                 return Stopped(why, samples)  # the partial pass is discarded
             if plan is None:
-                size = pass_size(end - samples, self.render_seconds - before, tuning)
+                took, waited = self.render_seconds - before, time.monotonic() - started
+                size = watchdog_bound(pass_size(end - samples, took, tuning),
+                                      end - samples, waited, tuning)  # fmt: skip
             samples = end
             due = time.monotonic() - last_checkpoint >= tuning.checkpoint_interval
             if due and samples < job.spp:
@@ -248,6 +259,17 @@ def first_pass(rate: float | None, pixels: int, tuning: WorkerSettings) -> int:
     if rate is None or tuning.pass_seconds <= 0 or pixels <= 0:
         return floor
     return max(floor, min(int(tuning.pass_seconds / (rate * pixels)), GROWTH * floor))
+
+
+def watchdog_bound(size: int, samples: int, waited: float, tuning: WorkerSettings) -> int:
+    """``size``, or fewer samples if at the pace of the last pass on the loop (``samples`` in
+    ``waited`` seconds, its wait for a kernel thread included) they would take over half of
+    ``progress_timeout``: a pass sized in one core's seconds must not run into the watchdog on
+    a worker whose threads are shared by many tiles. Never below ``samples_per_pass``."""
+    if waited <= 0 or samples <= 0:
+        return size
+    most = int(samples * tuning.progress_timeout / 2 / waited)
+    return max(tuning.samples_per_pass, min(size, most))
 
 
 def adaptive_end(samples: int, size: int, spp: int, tuning: WorkerSettings) -> int:

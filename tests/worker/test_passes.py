@@ -14,7 +14,7 @@ import kernel
 from services.worker import kernels
 from services.worker.context import PassRates
 from services.worker.kernels import BAND_SECONDS, INLINE_SECONDS, INLINE_WORK, KernelThreads
-from services.worker.render import adaptive_end, first_pass
+from services.worker.render import adaptive_end, first_pass, watchdog_bound
 from services.worker.tile import pass_size
 from shared.core.config import WorkerSettings
 from shared.core.tiles import Accumulator, zeros_for
@@ -222,6 +222,14 @@ def test_pass_size_grows_to_the_target_duration_within_bounds() -> None:
     assert pass_size(4, 5.0, tuning) == 4, "never below samples_per_pass"
     assert pass_size(4, 0.0, tuning) == 64
     assert pass_size(8, 0.1, WorkerSettings(samples_per_pass=4, pass_seconds=0)) == 4, "0 disables"
+
+
+def test_a_pass_stays_within_half_the_watchdog_at_the_pace_it_had_on_the_loop() -> None:
+    tuning = WorkerSettings(samples_per_pass=4, pass_seconds=0.5, progress_timeout=120.0)
+    assert watchdog_bound(64, 4, 1.0, tuning) == 64, "4 samples in 1 s: 240 fit in 60 s"
+    assert watchdog_bound(64, 16, 30.0, tuning) == 32, "16 samples waited 30 s: 32 fit in 60 s"
+    assert watchdog_bound(64, 4, 200.0, tuning) == 4, "never below samples_per_pass"
+    assert watchdog_bound(64, 4, 0.0, tuning) == 64
 
 
 def test_a_first_pass_is_sized_from_the_jobs_measured_rate_within_bounds() -> None:

@@ -122,3 +122,29 @@ async def test_a_waiting_run_that_is_cancelled_leaves_no_turn_behind():
 def test_at_least_one_thread() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         RunTurns(0)
+
+
+async def test_a_run_given_its_turn_after_waiting_resets_its_messages_deadline_at_once():
+    """Its last reset may be an interval old, and its tiles' heartbeats reset it only an
+    interval after their leases: the turn resets it as it starts."""
+    turns, back, started = RunTurns(1), asyncio.Event(), list[str]()
+    first, waiting = await _one_started_one_waiting(turns, back, started)
+    assert waiting.delivery.in_progress_calls == 0, "the interval (60 s) has not passed"
+    first.done.set()
+    await eventually(lambda: started == ["first", "waiting"], timeout=5, what="its turn")
+    assert waiting.delivery.in_progress_calls == 1
+    waiting.done.set()
+    await asyncio.wait_for(asyncio.gather(first.task, waiting.task), 5)
+
+
+async def test_during_a_drain_no_run_starts_even_with_a_turn_free_or_handed_over():
+    turns, back, started = RunTurns(1), asyncio.Event(), list[str]()
+    first, waiting = await _one_started_one_waiting(turns, back, started)
+    # the drain begins in the same turn of the loop as the first run ends
+    back.set()
+    first.done.set()
+    await asyncio.wait_for(asyncio.gather(first.task, waiting.task), 5)
+    assert waiting.got is False and started == ["first"]
+    late = Run(turns, back, started, "late")  # a turn is free: still nothing starts
+    await asyncio.wait_for(late.task, 5)
+    assert late.got is False and turns.started == 0 and turns.waiting == 0

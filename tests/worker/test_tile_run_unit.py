@@ -343,7 +343,7 @@ async def test_a_pass_is_sized_by_what_it_took_on_the_renderer_not_by_its_wait(
     rig = dataclasses.replace(rig, ctx=dataclasses.replace(rig.ctx, worker_config=adaptive))
 
     async def waited_in_line(end: int) -> None:
-        clock.ahead += 5.0  # ten times pass_seconds went by on the loop's clock
+        clock.ahead += 2.0  # four times pass_seconds went by on the loop's clock
 
     rig.kernels.after_pass = waited_in_line
     _, d = await rig.run()
