@@ -53,12 +53,18 @@ CASES: dict[str, tuple[int, dict[str, str], dict[str, Any]]] = {
     # the tiny job's 4 tiles in one run, every result written and none committed (the commits
     # wait for the run's last render): the redelivered run renders all four again
     "worker.after_run_rendered": (1, {"TESSERA_DISPATCH_RUN_WORK": "65536"}, {}),
-    # the tiny job in two runs of two (each tile 4096 pixel-samples) on one kernel thread: the
-    # second run waits in hand for the first's turn, nothing of it started; both come back
+    # the tiny job widened to 6 tiles, in three runs of two (each tile 4096 pixel-samples), on
+    # one kernel thread (two turns) holding three messages (a window of three a thread): the
+    # third run waits in hand for a turn, nothing of it started; all come back
     "worker.run_waiting": (
         1,
-        {"TESSERA_DISPATCH_RUN_WORK": str(2 * TINY_TILE_WORK), "TESSERA_WORKER_SLOTS": "1"},
-        {},
+        {
+            "TESSERA_DISPATCH_RUN_WORK": str(2 * TINY_TILE_WORK),
+            "TESSERA_DISPATCH_FACTOR": "3",
+            "TESSERA_WORKER_SLOTS": "1",
+            "TESSERA_WORKER_IN_HAND": "3",
+        },
+        {"width": 48},
     ),
     # reached once per job, by the commit that completes it: the unacked message comes back,
     # finds the tile done and announces the completion (nothing else would finalize the job)

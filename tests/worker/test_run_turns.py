@@ -1,5 +1,6 @@
-"""Run turns (:class:`services.worker.context.RunTurns`): one started run per kernel thread, the
-others waiting in hand unstarted, their messages' deadlines kept, handed back on a drain."""
+"""Run turns (:class:`services.worker.context.RunTurns`): a bounded number of started runs (the
+worker: one per kernel thread and one more), the others waiting in hand unstarted, their
+messages' deadlines kept, handed back on a drain."""
 
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ async def test_a_waiting_run_resets_its_messages_deadline_once_an_interval():
     await asyncio.wait_for(asyncio.gather(first.task, second.task), 5)
 
 
-async def test_two_threads_start_two_runs_at_once():
+async def test_two_turns_start_two_runs_at_once():
     turns, back, started = RunTurns(2), asyncio.Event(), list[str]()
     runs = [Run(turns, back, started, name) for name in ("a", "b", "c")]
     await eventually(lambda: sorted(started) == ["a", "b"] and turns.waiting == 1, timeout=5,
@@ -119,7 +120,7 @@ async def test_a_waiting_run_that_is_cancelled_leaves_no_turn_behind():
     assert turns.started == 0
 
 
-def test_at_least_one_thread() -> None:
+def test_at_least_one_turn() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         RunTurns(0)
 
