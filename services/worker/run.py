@@ -9,8 +9,8 @@ of the run's tiles is still rendering they go together, one statement) and
 that none of them settles the message: their outcomes are combined
 (:func:`~shared.service.settle.combine`) and the message is settled once, after the last tile's
 outcome (crash point ``worker.before_run_settle``). Their heartbeats all extend the one
-message's ack deadline. A worker starts one run per kernel thread at a time; a run message
-beyond that waits in hand unstarted (:class:`~services.worker.context.RunTurns`).
+message's ack deadline. A worker starts one run per kernel thread and one more at a time; a
+run message beyond that waits in hand unstarted (:class:`~services.worker.context.RunTurns`).
 
 A redelivered run finds its done tiles done (re-announced, nothing rendered) and renders the
 rest, as a redelivered single tile does.

@@ -32,8 +32,8 @@ POINTS = frozenset(
         "worker.before_ack",  # tile-done (and tiles-done) published, message not yet acked
         # acked after a commit that did not ask (another run of its job owns a tile)
         "worker.after_deferred_ack",
-        # a run message in hand waits for a turn (one started run per kernel thread), nothing
-        # of it started
+        # a run message in hand waits for a turn (one started run per kernel thread and one
+        # more), nothing of it started
         "worker.run_waiting",
         "worker.before_run_settle",  # every tile of a run has its outcome, the message unsettled
         "worker.after_pause_checkpoint",  # paused job: checkpoint written, tile still leased
