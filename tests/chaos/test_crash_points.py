@@ -22,8 +22,8 @@ from tests.helpers import eventually
 
 pytestmark = pytest.mark.chaos
 
-#: pixel-samples of one of the tiny job's tiles (16x16 at 16 spp)
-TINY_TILE_WORK = 16 * 16 * 16
+#: pixels of one of the tiny job's tiles (16x16)
+TINY_TILE_PIXELS = 16 * 16
 
 #: point -> (nth arrival, extra env for every service, request overrides)
 CASES: dict[str, tuple[int, dict[str, str], dict[str, Any]]] = {
@@ -53,18 +53,19 @@ CASES: dict[str, tuple[int, dict[str, str], dict[str, Any]]] = {
     # the tiny job's 4 tiles in one run, every result written and none committed (the commits
     # wait for the run's last render): the redelivered run renders all four again
     "worker.after_run_rendered": (1, {"TESSERA_DISPATCH_RUN_WORK": "65536"}, {}),
-    # the tiny job widened to 6 tiles, in three runs of two (each tile 4096 pixel-samples), on
-    # one kernel thread (two turns) holding three messages (a window of three a thread): the
-    # third run waits in hand for a turn, nothing of it started; all come back
+    # the tiny job widened to 6 tiles of 64 spp (long enough that the first two runs are still
+    # rendering when the third arrives), in three runs of two, on one kernel thread (two turns)
+    # holding three messages (a window of three a thread): the third run waits in hand for a
+    # turn, nothing of it started; all come back
     "worker.run_waiting": (
         1,
         {
-            "TESSERA_DISPATCH_RUN_WORK": str(2 * TINY_TILE_WORK),
+            "TESSERA_DISPATCH_RUN_WORK": str(2 * TINY_TILE_PIXELS * 64),
             "TESSERA_DISPATCH_FACTOR": "3",
             "TESSERA_WORKER_SLOTS": "1",
             "TESSERA_WORKER_IN_HAND": "3",
         },
-        {"width": 48},
+        {"width": 48, "spp": 64},
     ),
     # reached once per job, by the commit that completes it: the unacked message comes back,
     # finds the tile done and announces the completion (nothing else would finalize the job)
@@ -173,7 +174,7 @@ async def test_crash_point(
             assert report.resumes >= 1, "a tile with a checkpoint resumed from it"
         await watch.unsubscribe()
         if "TESSERA_DISPATCH_RUN_WORK" in extra:
-            length = int(extra["TESSERA_DISPATCH_RUN_WORK"]) // TINY_TILE_WORK
+            length = int(extra["TESSERA_DISPATCH_RUN_WORK"]) // (TINY_TILE_PIXELS * body["spp"])
             run = rig.names.tile_subject(job_id, 0, run=min(length, 4))
             assert published[:1] == [run], f"the job's first tiles went out as a run: {published}"
             runs = {line.get("run") for line in rig.log_lines("worker") if "run" in line}
