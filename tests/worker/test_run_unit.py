@@ -121,6 +121,31 @@ async def test_a_runs_tiles_commit_together_once_none_is_still_rendering(
     assert rig.events.all_done != [], "the job's completion announced once they all committed"
 
 
+async def test_a_bug_in_one_tile_does_not_hold_the_runs_other_commits(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tile 2's render raises a bug after its first pass, while the other three wait to
+    commit with it: they commit, and the bug leaves the message unsettled (it comes back after
+    ack_wait and renders tile 2 again)."""
+    render = rig.kernels.render
+
+    async def third_tile_breaks(
+        prepared: kernel.Prepared, rect: Rect, start: int, end: int, acc: Accumulator
+    ) -> float:
+        seconds = await render(prepared, rect, start, end, acc)
+        if rect.x0 == 16 and end == 1:
+            raise RuntimeError("a bug in tile 2's steps")
+        return seconds
+
+    monkeypatch.setattr(rig.kernels, "render", third_tile_breaks)
+    d = _run_of(rig)
+    with pytest.raises(RuntimeError, match="tile 2"):
+        await _handle(rig, d)
+    assert d.settled is None
+    states = await _states(rig)
+    assert states[:2] + states[3:] == [TileState.DONE] * 3 and states[2] is not TileState.DONE
+
+
 async def test_a_second_run_waits_unleased_for_the_first_and_a_drain_hands_it_back(
     rig: Rig,
 ) -> None:
