@@ -466,6 +466,8 @@ class JobCache:
     def _forget(self, job_id: str, done: asyncio.Future[Job | None]) -> None:
         if self._reading.get(job_id) is done:
             del self._reading[job_id]
+        if not done.cancelled():
+            done.exception()  # (seen: a read whose callers were all cancelled fails quietly)
 
 
 class PassRates:
