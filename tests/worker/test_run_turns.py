@@ -42,7 +42,7 @@ class Run:
         self.task = asyncio.create_task(go())
 
 
-async def test_a_run_beyond_one_per_thread_waits_its_turn_in_order_keeping_its_message():
+async def test_a_run_beyond_the_turns_waits_and_starts_in_order_as_soon_as_one_ends():
     turns, back, started = RunTurns(1), asyncio.Event(), list[str]()
     first = Run(turns, back, started, "first")
     await eventually(lambda: started == ["first"], timeout=5, what="the first run started")
