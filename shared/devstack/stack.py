@@ -303,8 +303,11 @@ class SeaweedS3:
                     interval=0.2,
                 )
                 return
-            except StackError as exc:
-                if self.proc.alive() or _IN_USE not in str(exc) or attempt == BIND_ATTEMPTS:
+            except StackError:
+                # The whole run's log, not the error's tail: the line naming the port comes
+                # before a goroutine dump and the other components' last lines.
+                taken = _IN_USE in self.proc.log_since_start()
+                if self.proc.alive() or not taken or attempt == BIND_ATTEMPTS:
                     raise
             # One of its ports was taken between our pick and its bind (its listeners start
             # one after another, and its own components' outgoing connections draw from the
