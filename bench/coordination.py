@@ -1,11 +1,12 @@
 """A/B of coordination CPU per tile (not a test): two sets of services on one stack, alternated.
 
-Run: ``python -m bench.coordination TREE_A TREE_B [--rounds 6] [--env-a K=V,...] [--env-b ...]``.
+Run: ``python -m bench.coordination TREE_A TREE_B [--rounds 6] [--tile 64|auto] [--env-a K=V,...]
+[--env-b ...]``.
 Each tree is a checkout of this repository (``git worktree add /tmp/a <commit>``; the same path
 twice compares two environments). Both sets — gateway, scheduler, finalizer, one worker — run
 at once on one NATS and one PostgreSQL, each in its own namespace and database, and their jobs
-(512x512, 64 spp, 64x64 tiles: ``bench.pipeline`` (a)) alternate A B B A A B ..., so a slow
-spell of this shared machine weighs on both alike.
+(512x512, 64 spp, 64x64 tiles: ``bench.pipeline`` (a); ``--tile auto``: (a auto)) alternate
+A B B A A B ..., so a slow spell of this shared machine weighs on both alike.
 
 Per job and process, the CPU of every thread (``/proc/<pid>/task/<tid>/schedstat``: run time
 in nanoseconds, where ``bench.counters`` reads clock ticks of 10 ms) of the service or server
@@ -13,7 +14,9 @@ and its children, the worker's kernel threads (``kernel_<n>``, named by ``bench/
 counted apart: coordination = the rest, divided by the tiles. Only threads and processes alive
 at both readings count: one that ends during a job (a PostgreSQL backend of a reconnect) takes
 its CPU with it, alike for both sets. Printed: the medians per tree and
-per process, and the ratio of coordination to kernel CPU. NATS and PostgreSQL serve both sets,
+per process, the ratio of coordination to kernel CPU, and the job's tail: its last tile's end to
+its last event, completed (``bench.counters.job_phases``: the finalization a client waits for
+after the render). NATS and PostgreSQL serve both sets,
 so their figures include the idle set's few background requests, alike for both.
 """
 
@@ -31,7 +34,7 @@ from pathlib import Path
 import asyncpg
 import psutil
 
-from bench.counters import POSTGRES_OPTIONS
+from bench.counters import POSTGRES_OPTIONS, job_phases
 from bench.pipeline import timed_job
 from proto.api import SubmitRequest
 from services.cli.local import ServiceProcesses
@@ -45,6 +48,15 @@ def _env_arg(text: str) -> dict[str, str]:
     if any(len(p) != 2 for p in pairs):
         raise argparse.ArgumentTypeError(f"expected K=V,K=V: {text!r}")
     return dict((k, v) for k, v in pairs)
+
+
+def _tile_arg(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a tile edge or 'auto': {text!r}") from None
 
 
 def cpu_ms(pid: int) -> tuple[float, float]:
@@ -102,6 +114,7 @@ def main() -> None:
     parser.add_argument("tree_a", type=Path)
     parser.add_argument("tree_b", type=Path)
     parser.add_argument("--rounds", type=int, default=6, help="jobs per set")
+    parser.add_argument("--tile", type=_tile_arg, default=64, help="tile edge or 'auto'")
     parser.add_argument("--env-a", type=_env_arg, default={}, help="K=V,... for set A")
     parser.add_argument("--env-b", type=_env_arg, default={}, help="K=V,... for set B")
     args = parser.parse_args()
@@ -120,6 +133,7 @@ def main() -> None:
         per_tile: list[list[float]] = [[], []]
         ratio: list[list[float]] = [[], []]
         walls: list[list[float]] = [[], []]
+        tails: list[list[float]] = [[], []]
         by_process: list[defaultdict[str, list[float]]] = [defaultdict(list), defaultdict(list)]
         try:
             for i, (_, env) in enumerate(sets):  # processes up, JIT cache loaded
@@ -133,7 +147,7 @@ def main() -> None:
                     pids = {n: pid for n, pid in every.items() if pid is not None}
                     before = {n: cpu_ms(p) for n, p in pids.items()}
                     job = SubmitRequest(project=f"p{i}", scene="cornell", width=512, height=512,
-                                        spp=64, tile_size=64, seed=r)  # fmt: skip
+                                        spp=64, tile_size=args.tile, seed=r)  # fmt: skip
                     seconds, status, _ = asyncio.run(timed_job(env, job))
                     after = {n: cpu_ms(p) for n, p in pids.items()}
                     tiles = int(status["tiles_total"])
@@ -142,10 +156,15 @@ def main() -> None:
                     per_tile[i].append(coord / tiles)
                     ratio[i].append(100 * coord / kern if kern else float("nan"))
                     walls[i].append(seconds)
+                    dsn = env["TESSERA_DATABASE_URL"]
+                    tail = asyncio.run(job_phases(dsn, str(status["job_id"]))).tail
+                    tails[i].append(1000 * tail)
                     for n in after:
                         by_process[i][n].append((after[n][0] - before[n][0]) / tiles)
-                    print(f"    round {r + 1} {'AB'[i]}: {coord / tiles:.2f} core-ms per tile, "
-                          f"{seconds:.3f} s")  # fmt: skip
+                    print(
+                        f"    round {r + 1} {'AB'[i]}: {coord / tiles:.2f} core-ms per tile, "
+                        f"{seconds:.3f} s, last tile to completed {1000 * tail:.0f} ms"
+                    )
         finally:
             for procs, _ in sets:
                 procs.stop_all()
@@ -153,11 +172,14 @@ def main() -> None:
         print(f"{'AB'[i]} {trees[i]} {extras[i] or ''}")
         print(f"    coordination per tile: median {statistics.median(per_tile[i]):.2f} core-ms, "
               f"{statistics.median(ratio[i]):.2f} % of the kernel threads' CPU; "
-              f"job wall median {statistics.median(walls[i]):.3f} s")  # fmt: skip
+              f"job wall median {statistics.median(walls[i]):.3f} s, last tile to completed "
+              f"median {statistics.median(tails[i]):.0f} ms")  # fmt: skip
         medians = {n: round(statistics.median(v), 2) for n, v in by_process[i].items()}
         print(f"    by process (core-ms per tile, medians): {medians}")
     a, b = statistics.median(per_tile[0]), statistics.median(per_tile[1])
     print(f"B / A coordination per tile: {b / a:.3f}")
+    ta, tb = statistics.median(tails[0]), statistics.median(tails[1])
+    print(f"B / A last tile to completed: {tb / ta:.3f}")
 
 
 if __name__ == "__main__":
