@@ -298,7 +298,7 @@ class Finalizer:
         converted when they were read if those were for this job's samples and renderer; the
         rest are read :data:`_READ_BATCH` at a time
         (:meth:`~shared.objectstore.ObjectStore.get_many`: at most :data:`_READS_IN_FLIGHT`
-        requests open; the directory store reads 16 objects per thread call) and converted
+        requests open; the directory store reads them in one thread call per core) and converted
         here.
         """
         tiles = await self.rt.db.result_refs(job.job_id)

@@ -158,14 +158,14 @@ async def test_get_many_answers_each_object_as_get_does(store: ObjectStore, pref
 
 @pytest.mark.parametrize(
     ("cores", "count", "size"),
-    [(2, 9, 5), (2, 64, READ_CHUNK), (2, 1, 4), (8, 40, 5), (1, 9, 9), (64, 64, 4), (1, 40, 16)],
+    [(2, 9, 5), (2, 64, 32), (2, 1, 4), (8, 40, 5), (1, 9, 9), (64, 64, 4), (1, 200, READ_CHUNK)],
 )
 def test_a_short_read_of_the_directory_store_is_split_over_the_cores(
     monkeypatch: pytest.MonkeyPatch, cores: int, count: int, size: int
 ) -> None:
-    """Objects per thread call: a finalization's few large results go to every core this
-    process may run on, in calls of at least 4 objects (fewer only when fewer are read) and at
-    most READ_CHUNK."""
+    """Objects per thread call: a finalization's results go to every core this process may run
+    on, one call per core, in calls of at least 4 objects (fewer only when fewer are read) and
+    at most READ_CHUNK."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
     assert _chunk_size(count) == size
 
