@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -257,15 +258,25 @@ class Finalizer:
             await store.put(key, flt)
             return key
 
-        # The PNG encodes on one core while the float image is serialized, hashed and written.
-        png, float_key = await asyncio.gather(asyncio.to_thread(encode, image), write_float())
-        png_sha = _sha(png)
-        png_key = render_key(job.job_id, png_sha, "png")
-        await store.put(png_key, png)
-        try:
-            await store.get(png_key, sha256=png_sha)
-        except (TerminalError, RetryableError) as exc:
-            raise ImageCorrupt(f"{png_key} did not read back intact: {exc}") from exc
+        async def write_png() -> tuple[str, str]:
+            png, sha = await asyncio.to_thread(_png_image, encode, image)
+            key = render_key(job.job_id, sha, "png")
+            await store.put(key, png)
+            try:
+                await store.get(key, sha256=sha)
+            except (TerminalError, RetryableError) as exc:
+                raise ImageCorrupt(f"{key} did not read back intact: {exc}") from exc
+            return key, sha
+
+        # The PNG is encoded, written and read back on one core while the float image is
+        # serialized, hashed and written; both end (written or failed) before either failure
+        # is raised.
+        png, float_key = await asyncio.gather(write_png(), write_float(), return_exceptions=True)
+        if isinstance(png, BaseException):
+            raise png
+        if isinstance(float_key, BaseException):
+            raise float_key
+        png_key, png_sha = png
         crash.crash_point("finalizer.after_image_write")
         job = await db.complete_job(
             job.job_id,
@@ -417,6 +428,12 @@ def _float_image(mean: np.ndarray) -> tuple[bytes, str]:
     """The float image's ``.npy`` bytes and their sha256 (in a thread, beside the PNG's encode)."""
     flt = kernel.image.float_npy(mean)
     return flt, _sha(flt)
+
+
+def _png_image(encode: Callable[[np.ndarray], bytes], image: np.ndarray) -> tuple[bytes, str]:
+    """The PNG's bytes and their sha256 (in a thread, beside the float image's)."""
+    png = encode(image)
+    return png, _sha(png)
 
 
 def _sha(data: bytes) -> str:
