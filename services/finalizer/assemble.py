@@ -52,13 +52,10 @@ __all__ = ["Finalizer", "ImageCorrupt", "ResultLost"]
 
 #: requests to the object store open at once while assembling
 _READS_IN_FLIGHT = 16
-#: tile results read in one call (parsed in place: their bytes become the accumulators)
+#: tile results read before they are parsed and their bytes dropped
 _READ_BATCH = 64
 #: jobs whose samples and renderer the read-ahead remembers
 _KINDS_HELD = 1024
-
-_Early = dict[int, tuple[str, str, bytes]]
-"""Results read early, by tile index: the key and sha256 their rows named, and the bytes."""
 
 _SETTLED = frozenset(
     {JobState.COMPLETED, JobState.CANCELLED, JobState.FAILED_TERMINAL, JobState.DEAD_LETTERED}
@@ -215,21 +212,6 @@ class Finalizer:
         # completion announces itself.
         if not await db.all_tiles_done(job_id):
             return True
-        # The results are read while the job is checked, leased and moved to finalizing
-        # (assembly uses what still matches the rows it reads then).
-        early = asyncio.create_task(self._read_early(job_id))
-        try:
-            return await self._finalize(job_id, delivery, early)
-        finally:
-            early.cancel()  # (not used: the job was settled, leased elsewhere, or failed)
-            await asyncio.wait([early])  # (a cancellation of this task still propagates)
-            if not early.cancelled() and (bug := early.exception()) is not None:
-                self.log.error("early read failed", job_id=job_id, error=repr(bug))
-
-    async def _finalize(
-        self, job_id: str, delivery: Delivery | None, early: asyncio.Future[_Early]
-    ) -> bool:
-        db = self.rt.db
         job = await db.get_job(job_id)
         if job is None or job.state in _SETTLED:
             self._take_held(job_id)
@@ -246,7 +228,7 @@ class Finalizer:
         try:
             await db.start_final_attempt(job_id, attempt_id=attempt_id, node=self.rt.node,
                                          fence=lease.token)  # fmt: skip
-            await self._publish(job, attempt_id, log, early)
+            await self._publish(job, attempt_id, log)
         finally:
             await self.rt.leases.release(await beat.stop())
             if beat.lost.is_set():
@@ -254,9 +236,7 @@ class Finalizer:
         self.rt.metrics.final_seconds.observe(time.monotonic() - started)
         return True
 
-    async def _publish(
-        self, job: Job, attempt_id: str, log: Log, early: asyncio.Future[_Early] | None = None
-    ) -> None:
+    async def _publish(self, job: Job, attempt_id: str, log: Log) -> None:
         db, store, node = self.rt.db, self.rt.store, self.rt.node
         job = await db.transition_job(
             job.job_id, JobTrigger.ALL_TILES_DONE, node=node, attempt_id=attempt_id
@@ -265,7 +245,7 @@ class Finalizer:
             return
         crash.crash_point("finalizer.after_finalizing")
         try:
-            mean, image = await self._assemble(job, early)
+            mean, image = await self._assemble(job)
         except ResultLost as lost:
             await self._render_again(job, attempt_id, lost, log)
             return
@@ -320,51 +300,25 @@ class Finalizer:
             seconds = (job.finished_at - job.created_at).total_seconds()
             self.rt.metrics.job_seconds.observe(max(seconds, 0.0))
 
-    async def _read_early(self, job_id: str) -> _Early:
-        """The first :data:`_READ_BATCH` of the job's stored results not held by the read-ahead,
-        read (and checked against the sha256 their rows name now) while finalization takes its
-        first steps; a failure is only a miss: assembly reads those again."""
-        try:
-            refs = await self.rt.db.result_refs(job_id)
-            wanted = [
-                t for t in refs
-                if t.result_key and not self.read_ahead.has(job_id, t.tile_index)
-            ][:_READ_BATCH]  # fmt: skip
-            read = await committed_results(self.rt.store, wanted, {}, in_flight=_READS_IN_FLIGHT)
-        except (RetryableError, TerminalError) as exc:
-            self.log.debug("early read missed", job_id=job_id, error=str(exc))
-            return {}
-        return {
-            t.tile_index: (t.result_key or "", t.result_sha256 or "", got)
-            for t, got in zip(wanted, read, strict=True)
-            if isinstance(got, bytes)
-        }
-
-    async def _assemble(
-        self, job: Job, early: asyncio.Future[_Early] | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
+    async def _assemble(self, job: Job) -> tuple[np.ndarray, np.ndarray]:
         """Every committed tile result, verified against its recorded sha256, in the job's
         float32 mean and display image (:func:`kernel.image.display_images`).
 
         Small results come inline from the database in one query; results read ahead are used
         as held when the row names the same key and sha256 and the shape fits, with the images
         converted when they were read if those were for this job's samples and renderer; the
-        rest are those read early (:meth:`_read_early`) where the row names the same key and
-        sha256, then read :data:`_READ_BATCH` at a time
+        rest are read :data:`_READ_BATCH` at a time
         (:meth:`~shared.objectstore.ObjectStore.get_many`: at most :data:`_READS_IN_FLIGHT`
         requests open; the directory store reads them in one thread call per core) and converted
-        here. Results are parsed in place (read-only views of the bytes read: the frame is a
-        copy).
+        here.
         """
         tiles = await self.rt.db.result_refs(job.job_id)
         inline = await self.rt.db.tile_results(job.job_id)
         ahead = self._take_held(job.job_id)
-        read_early = await early if early is not None else {}
         kind = (job.spp, _display_referred(job))
         lost: dict[int, str] = {}
         parts: list[tuple[Rect, Accumulator | Images]] = []
         to_read: list[TileResultRef] = []
-        early_used = 0
         for t in tiles:
             held = ahead.get(t.tile_index)
             if (
@@ -376,12 +330,6 @@ class Finalizer:
                 images = held.images
                 fresh = images is not None and (images.samples, images.display_referred) == kind
                 parts.append((t.rect, images if fresh and images is not None else held.acc))
-            elif (read := read_early.get(t.tile_index)) and read[:2] == (
-                t.result_key,
-                t.result_sha256,
-            ):
-                parts.append((t.rect, _parsed(read[2], t.rect)))  # read early, as the row names
-                early_used += 1
             elif t.result_key:
                 to_read.append(t)
             else:  # inline: no task per tile (an 8x8-tiled frame has thousands)
@@ -390,23 +338,21 @@ class Finalizer:
                 except ResultMissing as exc:
                     lost[t.tile_index] = str(exc)
 
-        # A batch of reads at a time, parsed in place: a large frame holds its results' bytes
-        # once (as its accumulators), not beside copies of them.
+        # A batch of reads at a time: their bytes are dropped once parsed, so a large frame
+        # holds the raw bytes of one batch beside its accumulators, not of every tile.
         for first in range(0, len(to_read), _READ_BATCH):
             batch = to_read[first : first + _READ_BATCH]
-            results = await committed_results(
-                self.rt.store, batch, inline, in_flight=_READS_IN_FLIGHT
-            )
-            for t, got in zip(batch, results, strict=True):
+            read = await committed_results(self.rt.store, batch, inline, in_flight=_READS_IN_FLIGHT)
+            for t, got in zip(batch, read, strict=True):
                 if isinstance(got, ResultMissing):
                     lost[t.tile_index] = str(got)
                 else:
-                    parts.append((t.rect, _parsed(got, t.rect)))
-            del results
+                    parts.append((t.rect, from_npy(got, t.rect)))
+            del read
         if lost:
             raise ResultLost(lost)
         sources = self.rt.metrics.final_results
-        from_store = len(to_read) + early_used
+        from_store = len(to_read)
         from_inline = sum(1 for t in tiles if not t.result_key)
         sources.labels(source="read_ahead").inc(len(tiles) - from_store - from_inline)
         sources.labels(source="store").inc(from_store)
@@ -488,16 +434,6 @@ def _png_image(encode: Callable[[np.ndarray], bytes], image: np.ndarray) -> tupl
     """The PNG's bytes and their sha256 (in a thread, beside the float image's)."""
     png = encode(image)
     return png, _sha(png)
-
-
-def _parsed(data: bytes, rect: Rect) -> Accumulator:
-    """A stored result's accumulator, a read-only view of ``data`` (checked: float64, the
-    tile's shape), or DecodeError: :func:`~shared.core.tiles.from_npy` without its copy (the
-    frame is assembled from copies of these)."""
-    acc = load_npy(data)
-    if not fits(acc, rect):
-        raise DecodeError(f"accumulator has {acc.dtype} {acc.shape}, expected the tile's {rect}")
-    return acc
 
 
 def _sha(data: bytes) -> str:

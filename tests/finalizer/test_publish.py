@@ -76,7 +76,7 @@ def _finalizer(store: DirectoryStore) -> tuple[Finalizer, list[str]]:
     finalizer = Finalizer(cast(Any, rt))
     mean, image = kernel.image.display_images(np.full((4, 6, 3), 2.0), 4)
 
-    async def assembled(*_: Any) -> tuple[np.ndarray, np.ndarray]:
+    async def assembled(_: Any) -> tuple[np.ndarray, np.ndarray]:
         return mean, image
 
     finalizer._assemble = assembled  # type: ignore[method-assign,assignment]
