@@ -114,7 +114,7 @@ async def test_a_fresh_cache_rehashes_what_it_finds_on_disk(
     path = await cache_of(store, root).materialize(asset)
     target = path / "t.png"
     target.chmod(0o644)
-    target.write_bytes(b"\0" + data[1:])
+    target.write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])  # (b"\0" was no change 1 in 256)
     marker = root / f"{asset}{MARKER_SUFFIX}"
     doc = orjson.loads(marker.read_bytes())
     for item in doc["files"]:
