@@ -14,12 +14,13 @@ import pytest
 import kernel.image
 from services.finalizer.assemble import Finalizer, ImageCorrupt
 from shared.core.errors import StoreUnavailable
-from shared.core.lifecycle import JobState
+from shared.core.lifecycle import JobState, JobTrigger
+from shared.metadata import Job
 from shared.objectstore import DirectoryStore
 from shared.objectstore.base import verify
 from shared.service.logs import Log
-
-JOB = "01a24f4f-5fed-7547-88d7-d5a898dbdf40"
+from tests.doubles.conftest import Meta, meta  # noqa: F401  (fixture: the double, PostgreSQL)
+from tests.metadata.conftest import RECTS, make_new_job
 
 
 class Store(DirectoryStore):
@@ -57,20 +58,12 @@ class TornStore(Store):
         return verify(key, data[:-1] + bytes([data[-1] ^ 1]), sha256)
 
 
-def _finalizer(store: DirectoryStore) -> tuple[Finalizer, list[str]]:
-    """A finalizer over a store and a database that only moves the job to finalizing."""
-    calls: list[str] = []
-    job = SimpleNamespace(job_id=JOB, renderer="tessera", state=JobState.FINALIZING)
-
-    async def transition_job(*_: Any, **__: Any) -> Any:
-        calls.append("transition_job")
-        return job
-
-    async def complete_job(*_: Any, **__: Any) -> Any:
-        calls.append("complete_job")
-        raise AssertionError("a job whose images did not both write is not completed")
-
-    db = SimpleNamespace(transition_job=transition_job, complete_job=complete_job)
+async def _finalizer(db: Meta, store: DirectoryStore) -> tuple[Finalizer, Job]:
+    """A finalizer over ``store`` and ``db`` (the metadata double or PostgreSQL), and a
+    running job of ``db`` whose frame is given (every tile done)."""
+    job = (await db.submit_job(make_new_job())).job
+    await db.plan_tiles(job.job_id, RECTS)
+    job = await db.transition_job(job.job_id, JobTrigger.TILES_PLANNED)
     settings = SimpleNamespace(finalizer=SimpleNamespace(read_ahead_bytes=0))
     rt = SimpleNamespace(store=store, db=db, node="f-1", settings=settings, log=Log("test"))
     finalizer = Finalizer(cast(Any, rt))
@@ -80,31 +73,33 @@ def _finalizer(store: DirectoryStore) -> tuple[Finalizer, list[str]]:
         return mean, image
 
     finalizer._assemble = assembled  # type: ignore[method-assign,assignment]
-    return finalizer, calls
+    return finalizer, job
 
 
-async def _objects(store: DirectoryStore) -> set[str]:
-    return {o.key.rsplit(".", 1)[-1] for o in await store.list(f"renders/{JOB}/")}
+async def _objects(store: DirectoryStore, job: Job) -> set[str]:
+    return {o.key.rsplit(".", 1)[-1] for o in await store.list(f"renders/{job.job_id}/")}
 
 
 async def test_a_png_that_does_not_read_back_intact_is_refused_and_the_job_not_completed(
+    meta: Meta,  # noqa: F811  (the fixture imported above)
     tmp_path: Path,
 ) -> None:
     store = TornStore(tmp_path)
-    finalizer, calls = _finalizer(store)
+    finalizer, job = await _finalizer(meta, store)
     with pytest.raises(ImageCorrupt, match="did not read back intact"):
-        await finalizer._publish(cast(Any, SimpleNamespace(job_id=JOB)), "a-1", Log("test"))
-    assert calls == ["transition_job"]
-    assert await _objects(store) == {"png", "npy"}, "the float image's write ended too"
+        await finalizer._publish(job, "a-1", Log("test"))
+    assert (await meta.job_control(job.job_id)).state is JobState.FINALIZING, "not completed"
+    assert await _objects(store, job) == {"png", "npy"}, "the float image's write ended too"
 
 
 async def test_a_failed_float_write_is_raised_once_the_png_is_written_and_read_back(
+    meta: Meta,  # noqa: F811  (the fixture imported above)
     tmp_path: Path,
 ) -> None:
     store = Store(tmp_path, float_fails=True)
-    finalizer, calls = _finalizer(store)
+    finalizer, job = await _finalizer(meta, store)
     with pytest.raises(StoreUnavailable, match="disk gone"):
-        await finalizer._publish(cast(Any, SimpleNamespace(job_id=JOB)), "a-1", Log("test"))
+        await finalizer._publish(job, "a-1", Log("test"))
     assert store.png_read_back.is_set()
-    assert calls == ["transition_job"]
-    assert await _objects(store) == {"png"}
+    assert (await meta.job_control(job.job_id)).state is JobState.FINALIZING, "not completed"
+    assert await _objects(store, job) == {"png"}
