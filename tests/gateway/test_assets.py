@@ -249,8 +249,9 @@ async def test_an_upload_cancelled_while_the_nats_client_drops_cancels_sends_no_
     with pytest.raises(asyncio.CancelledError):
         await task
     assert sent <= 4, f"{sent} chunks of 12 were sent: a dropped cancel went unnoticed"
-    await client.asset_missing([])  # a round trip: anything sent before it has arrived
-    assert spy.requests == sent
+    # (the wire spy's own connection may read behind the client's on a loaded machine)
+    await eventually(lambda: spy.requests == sent, what="the wire saw what the client sent",
+                     detail=lambda: f"{spy.requests} on the wire, {sent} sent")  # fmt: skip
 
 
 async def test_a_200_mb_scene_uploads_and_materializes_in_bounded_memory(
