@@ -18,9 +18,20 @@ from nats.js.errors import ServerError, ServiceUnavailableError
 
 from shared.service.logs import Log
 
-__all__ = ["consume", "consume_many"]
+__all__ = ["FETCH_WAIT", "RETRY_PAUSE", "consume", "consume_many"]
 
 Handler = Callable[[Msg], Awaitable[None]]
+
+FETCH_WAIT = 5.0
+"""How long one pull request waits at the server for a message (its ``expires``). A message
+is delivered to a waiting pull at once, so this is only the period of an idle consumer's
+requests: each costs a request and a 408 answer, a wake-up of the service and of nats-server.
+At 1 s the embedded stack's six consumers made 5.5 requests a second and it idled at 16.4
+core-ms/s; at 5 s, 11.5 (issue 19, ``bench.coordination``'s per-tile figures carry it). The stop
+does not wait for it (:func:`_fetch` races it); a pull lost with a restarted server is waited
+out, at most this long."""
+RETRY_PAUSE = 1.0
+"""The pause before pulling again after the connection dropped or the server refused a pull."""
 
 
 async def consume(
@@ -32,7 +43,7 @@ async def consume(
     in_hand: int,
     stop: asyncio.Event,
     log: Log,
-    fetch_wait: float = 1.0,
+    fetch_wait: float = FETCH_WAIT,
     grace: float,
     on_stop: Callable[[], None] | None = None,
 ) -> None:
@@ -41,8 +52,11 @@ async def consume(
     Each is handled by its own task; a new one is fetched whenever a handler finishes. A
     fetch asks for every free slot while messages are coming, for one while none came.
 
-    In-flight handlers then get ``grace`` seconds to finish (``on_stop`` is called first so they
-    can hand their work back); whatever is still running after that is cancelled.
+    ``stop`` ends a waiting fetch at once; the subscription is then closed before the drain, so
+    the server drops the pull it still holds (no later message is delivered to it). In-flight
+    handlers then get ``grace`` seconds to finish (``on_stop`` is called first so they can hand
+    their work back; their acks and naks need no subscription); whatever is still running after
+    that is cancelled.
     """
     sub = await js.pull_subscribe_bind(durable=durable, stream=stream)
     inflight: set[asyncio.Task[None]] = set()
@@ -75,9 +89,8 @@ async def consume(
             stopping.cancel()
         if on_stop is not None:
             on_stop()  # (again, if ``stop`` was set: it must be idempotent)
+        await _close(sub)
         await _drain(inflight, grace, log)
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
 
 
 async def consume_many(
@@ -89,7 +102,7 @@ async def consume_many(
     in_hand: int,
     stop: asyncio.Event,
     log: Log,
-    fetch_wait: float = 1.0,
+    fetch_wait: float = FETCH_WAIT,
     grace: float,
     on_stop: Callable[[], None] | None = None,
 ) -> None:
@@ -122,10 +135,9 @@ async def consume_many(
             stopping.cancel()
         if on_stop is not None:
             on_stop()  # (again, if ``stop`` was set: it must be idempotent)
-        await _drain(shared.inflight, grace, log)
         for sub in subs:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+            await _close(sub)
+        await _drain(shared.inflight, grace, log)
 
 
 class _Shared:
@@ -188,20 +200,40 @@ async def _fetch(
     log: Log,
     stream: str,
 ) -> list[Msg]:
-    """Up to ``batch`` messages, or none when nothing came or the server is not answering."""
+    """Up to ``batch`` messages; none when nothing came within ``wait``, the server is not
+    answering, or ``stop`` was set first (the pull is given up; what it had already brought is
+    returned, for the caller to hand back)."""
+    pull = asyncio.ensure_future(sub.fetch(batch=batch, timeout=wait))
+    stopping = asyncio.ensure_future(stop.wait())
     try:
-        return await sub.fetch(batch=batch, timeout=wait)
+        await asyncio.wait((pull, stopping), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        while not pull.done():  # (nats-py may swallow a cancel: then the pull ends by itself)
+            pull.cancel()
+            await asyncio.wait((pull,))
+    if pull.cancelled():
+        return []
+    try:
+        return pull.result()
     except (TimeoutError, nats.errors.TimeoutError):
         return []
     except (nats.errors.ConnectionReconnectingError, nats.errors.ConnectionClosedError):
-        await _pause(stop, wait)
+        await _pause(stop, RETRY_PAUSE)
         return []
     except (ServiceUnavailableError, ServerError) as exc:
         # 503/500 while the consumer's stream elects a new leader (a cluster lost a node): the
         # consumer comes back within seconds, so wait and pull again.
         log.warning("fetch refused; retrying", stream=stream, error=repr(exc))
-        await _pause(stop, wait)
+        await _pause(stop, RETRY_PAUSE)
         return []
+
+
+async def _close(sub: JetStreamContext.PullSubscription) -> None:
+    """Unsubscribe: the server then drops a pull of ours it still holds (one a stop gave up),
+    where it would deliver the next message to nobody until ``ack_wait`` redelivered it."""
+    with contextlib.suppress(Exception):
+        await sub.unsubscribe()
 
 
 async def _drain(inflight: set[asyncio.Task[None]], grace: float, log: Log) -> None:

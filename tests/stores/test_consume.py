@@ -64,3 +64,89 @@ async def test_an_idle_consumer_waits_for_one_message_and_a_busy_one_fills_its_s
         await asyncio.wait_for(task, 10)
         await watch.unsubscribe()
     assert sorted(handled) == [b"0", b"1", b"2"]
+
+
+async def test_a_stop_ends_a_waiting_pull_at_once(
+    nc: NATS, js: JetStreamContext, topology: Topology
+) -> None:
+    """An idle consumer's pull waits long at the server (``FETCH_WAIT``); a stop does not wait
+    it out: the loop ends within a few seconds of a 60 s pull (before, it ended when the pull
+    expired), and the server holds no pull of it afterwards."""
+    stream = topology.names.stream(n.STREAM_JOBS)
+    durable = n.CONSUMER_SCHEDULER_JOBS
+
+    async def handler(msg: Msg) -> None:
+        await msg.ack()
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(consume(
+        js, stream=stream, durable=durable, handler=handler, in_hand=4, stop=stop,
+        log=Log("test.consume"), fetch_wait=60.0, grace=5.0,
+    ))  # fmt: skip
+    try:
+
+        async def pulling() -> bool:
+            return (await js.consumer_info(stream, durable)).num_waiting > 0
+
+        await eventually(pulling, what="the consumer's pull waits at the server")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+    assert (await js.consumer_info(stream, durable)).num_waiting == 0
+
+
+async def test_a_message_published_while_a_stopped_consumer_drains_goes_to_another_at_once(
+    nc: NATS, js: JetStreamContext, topology: Topology
+) -> None:
+    """The stop gives up the waiting pull and unsubscribes before the drain: the server drops
+    the pull, so a message published during the drain goes to another consumer at once. (A
+    pull only cancelled on the client stays at the server until it expires and takes the next
+    message to nobody: it would come back only after ``ack_wait``.)"""
+    stream = topology.names.stream(n.STREAM_JOBS)
+    durable = n.CONSUMER_SCHEDULER_JOBS
+    held = asyncio.Event()
+    release = asyncio.Event()
+    handled: list[bytes] = []
+
+    async def handler(msg: Msg) -> None:
+        handled.append(msg.data)
+        held.set()
+        await release.wait()  # in flight through the drain
+        await msg.ack()
+
+    stop = asyncio.Event()
+    # in_hand 2: beside the held message, a pull of one message, which lingers at the server
+    task = asyncio.create_task(consume(
+        js, stream=stream, durable=durable, handler=handler, in_hand=2, stop=stop,
+        log=Log("test.consume"), fetch_wait=60.0, grace=30.0,
+    ))  # fmt: skip
+    other = await js.pull_subscribe_bind(durable=durable, stream=stream)
+    try:
+        await publish(js, topology.names.job_subject("held"), b"held", msg_id="d0")
+        await asyncio.wait_for(held.wait(), 10)
+
+        async def pulling() -> bool:
+            return (await js.consumer_info(stream, durable)).num_waiting > 0
+
+        await eventually(pulling, what="the consumer pulls again beside the held message")
+        stop.set()
+
+        async def dropped() -> bool:
+            return (await js.consumer_info(stream, durable)).num_waiting == 0
+
+        # within half the ack wait: after it, the held message's redelivery would use up a
+        # pull left at the server and hide it
+        ack_wait = (await js.consumer_info(stream, durable)).config.ack_wait or 30.0
+        await eventually(dropped, what="the server dropped the stopped consumer's pull",
+                         timeout=ack_wait / 2)  # fmt: skip
+        assert not task.done()  # still draining the held message
+        await publish(js, topology.names.job_subject("late"), b"late", msg_id="d1")
+        got = await other.fetch(1, timeout=5)
+        assert [m.data for m in got] == [b"late"]
+        await got[0].ack()
+    finally:
+        stop.set()
+        release.set()
+        await asyncio.wait_for(task, 10)
+        await other.unsubscribe()
+    assert handled == [b"held"]
