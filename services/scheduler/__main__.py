@@ -21,8 +21,13 @@ async def run(rt: Runtime, stop: asyncio.Event) -> None:
     jobs and collect metrics."""
     names, grace = rt.names, rt.settings.process.grace_period
     config = rt.settings.scheduler
-    dispatcher = Dispatcher(rt)
-    planner = Planner(rt, on_planned=dispatcher.nudge)
+    dispatcher, deadlines = Dispatcher(rt), Deadlines(rt)
+
+    def planned() -> None:
+        dispatcher.nudge()
+        deadlines.nudge()
+
+    planner = Planner(rt, on_planned=planned)
     exhausted, sweeper = Exhausted(rt), Sweeper(rt)
     await asyncio.gather(
         consume(
@@ -47,7 +52,7 @@ async def run(rt: Runtime, stop: asyncio.Event) -> None:
         ),
         dispatcher.run(stop),
         sweeper.run(stop),
-        Deadlines(rt).run(stop),
+        deadlines.run(stop),
         StreamCollector(rt).run(stop),
     )
 

@@ -28,6 +28,7 @@ __all__ = [
     "PRIORITY_STATES",
     "PRIORITY_TRIGGER",
     "control_of",
+    "next_deadline",
     "overdue",
     "pause",
     "resume",
@@ -232,3 +233,17 @@ ORDER BY deadline_at, job_id LIMIT $1
 async def overdue(conn: Conn, *, limit: int) -> list[str]:
     """Ids of live jobs past their deadline, earliest first."""
     return [r["job_id"] for r in await conn.fetch(_OVERDUE, limit)]
+
+
+_NEXT_DEADLINE = f"""
+SELECT EXTRACT(EPOCH FROM deadline_at - now())::float8 FROM jobs
+WHERE deadline_at IS NOT NULL AND state NOT IN ({_LIVE})
+ORDER BY deadline_at LIMIT 1
+"""
+
+
+async def next_deadline(conn: Conn) -> float | None:
+    """Seconds from the database's now to the earliest deadline of a live job (negative when it
+    has passed); None when no live job has one."""
+    value = await conn.fetchval(_NEXT_DEADLINE)
+    return None if value is None else float(value)

@@ -269,6 +269,11 @@ class MetadataStore(StoreBase):
         """Live jobs whose deadline has passed, earliest deadline first (index jobs_deadline)."""
         return await self._read("overdue_jobs", lambda c: control.overdue(c, limit=limit))
 
+    async def next_deadline(self) -> float | None:
+        """Seconds until the earliest deadline of a live job (negative: passed), by the
+        database's clock; None when no live job has a deadline (index jobs_deadline)."""
+        return await self._read("next_deadline", control.next_deadline)
+
     # ---- tiles ----------------------------------------------------------------------------
 
     async def plan_tiles(

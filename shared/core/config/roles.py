@@ -197,11 +197,12 @@ class SchedulerSettings:
         read_by="scheduler",
         minimum=1e-12,
     )
-    #: period of the deadline check (jobs past their deadline end deadline_exceeded)
+    #: shortest wait of the deadline check (jobs past their deadline end deadline_exceeded)
     deadline_interval: float = _knob(
         1.0,
         "TESSERA_DEADLINE_INTERVAL",
-        "period of the check that fails jobs past their deadline (s)",
+        "shortest wait (s) of the check that fails jobs past their deadline: it sleeps until "
+        "the earliest deadline of a live job (at most 30 s), and planning a job wakes it",
         read_by="scheduler",
         minimum=0.1,
     )
