@@ -16,18 +16,24 @@ from shared.service.consume import consume
 from shared.service.runtime import Runtime, service_main
 
 
-async def run(rt: Runtime, stop: asyncio.Event) -> None:
-    """Plan jobs, release their tiles, dead-letter exhausted messages, sweep, fail overdue
-    jobs and collect metrics."""
-    names, grace = rt.names, rt.settings.process.grace_period
-    config = rt.settings.scheduler
+def planning(rt: Runtime) -> tuple[Planner, Dispatcher, Deadlines]:
+    """The planner, wired to wake the dispatcher (the new tiles) and the deadline check (the
+    job's deadline may be the earliest) after each plan."""
     dispatcher, deadlines = Dispatcher(rt), Deadlines(rt)
 
     def planned() -> None:
         dispatcher.nudge()
         deadlines.nudge()
 
-    planner = Planner(rt, on_planned=planned)
+    return Planner(rt, on_planned=planned), dispatcher, deadlines
+
+
+async def run(rt: Runtime, stop: asyncio.Event) -> None:
+    """Plan jobs, release their tiles, dead-letter exhausted messages, sweep, fail overdue
+    jobs and collect metrics."""
+    names, grace = rt.names, rt.settings.process.grace_period
+    config = rt.settings.scheduler
+    planner, dispatcher, deadlines = planning(rt)
     exhausted, sweeper = Exhausted(rt), Sweeper(rt)
     await asyncio.gather(
         consume(

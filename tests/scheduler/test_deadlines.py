@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
+from proto.messages import JobMessage
+from services.scheduler.__main__ import planning
 from services.scheduler.deadlines import Deadlines
 from shared.core.lifecycle import JobState
 from shared.service.runtime import Runtime
@@ -80,6 +82,24 @@ async def test_a_nudge_wakes_the_sleeping_check(runtime: Runtime) -> None:
         stop.set()
         await asyncio.wait_for(task, 10)
     assert counted.reads == 2
+
+
+async def test_the_scheduler_wires_a_plan_to_wake_the_check(runtime: Runtime) -> None:
+    """As the scheduler runs them: planning a job whose deadline has passed fails it at once,
+    not after the check's idle sleep (30 s)."""
+    planner, _, deadlines = planning(runtime)
+    counted = _Counted(runtime)
+    stop = asyncio.Event()
+    task = asyncio.create_task(deadlines.run(stop))
+    try:
+        await eventually(lambda: counted.nexts >= 1, what="the first check, asleep after it")
+        past = datetime.now(UTC) - timedelta(seconds=1)
+        job_id = (await runtime.db.submit_job(make_new_job(deadline_at=past))).job.job_id
+        await planner.plan(JobMessage(job_id, 0))
+        await eventually(lambda: _failed(runtime, job_id), timeout=10, what="the job failed")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
 
 
 def test_the_wait_is_the_time_to_the_deadline_within_the_interval_and_the_idle_wait(
