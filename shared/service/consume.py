@@ -27,9 +27,9 @@ FETCH_WAIT = 5.0
 is delivered to a waiting pull at once, so this is only the period of an idle consumer's
 requests: each costs a request and a 408 answer, a wake-up of the service and of nats-server.
 At 1 s the embedded stack's six consumers made 5.5 requests a second and it idled at 16.4
-core-ms/s; at 5 s, 11.5 (issue 19, ``bench.coordination``'s per-tile figures carry it). The stop
-does not wait for it (:func:`_fetch` races it); a pull lost with a restarted server is waited
-out, at most this long."""
+core-ms/s; at 5 s, 2.3 requests and 11.5 core-ms/s (issue 19; ``python -m bench.idle`` compares
+two trees). The stop does not wait for it (:func:`_fetch` races it); a pull lost with a
+restarted server is waited out, at most this long."""
 RETRY_PAUSE = 1.0
 """The pause before pulling again after the connection dropped or the server refused a pull."""
 
