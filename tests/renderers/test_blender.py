@@ -165,3 +165,29 @@ async def test_watchdog_kills_the_process_group(demo_blend: Path) -> None:
         assert group_members(pid) == []
     finally:
         await renderer.close()
+
+
+async def test_the_scratch_directory_is_made_on_the_first_pass_and_removed_by_close(
+    demo_blend: Path, tmp_path: Path
+) -> None:
+    """A renderer that never renders leaves no directory, even if its worker is killed before
+    close() (every worker with Blender installed creates one); one that rendered removes its
+    directory on close()."""
+    require("blender")
+    idle = BlenderRenderer(slots=2, watchdog=120.0, workdir=tmp_path)
+    assert _entries(tmp_path) == [] and not idle.scratch.made
+    await idle.close()
+    renderer = BlenderRenderer(slots=1, watchdog=120.0, workdir=tmp_path)
+    try:
+        rect = Rect(0, 0, 16, 16)
+        await renderer.render(scene(demo_blend), rect, 0, 4, zeros_for(rect))
+        made = _entries(tmp_path)
+        assert [name.startswith("tessera-blender-") for name in made] == [True]
+        assert _entries(tmp_path / made[0]) == []  # the pass's EXR read and removed
+    finally:
+        await renderer.close()
+    assert _entries(tmp_path) == []
+
+
+def _entries(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())

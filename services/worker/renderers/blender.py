@@ -44,6 +44,7 @@ __all__ = [
     "BlenderRenderer",
     "BlenderScene",
     "BlenderSlot",
+    "Scratch",
     "blender_passes",
     "blender_version",
     "read_exr_rgb",
@@ -96,11 +97,40 @@ class BlenderScene:
     seed: int | None = None
 
 
+class Scratch:
+    """A renderer's scratch directory (its slots' working directory and EXR files), made on the
+    first pass, not when the renderer is created: every worker with Blender installed creates a
+    renderer, and one killed before close() left an empty ``tessera-blender-*`` directory
+    behind (a CI run left about fifty in ``/tmp``); now only one killed after rendering Blender
+    does."""
+
+    def __init__(self, parent: Path | None = None) -> None:
+        self.parent = parent
+        self._path: Path | None = None
+
+    @property
+    def made(self) -> bool:
+        """Whether the directory exists (was made and not yet removed)."""
+        return self._path is not None
+
+    def path(self) -> Path:
+        """The directory, made now if it was not."""
+        if self._path is None:
+            self._path = Path(tempfile.mkdtemp(prefix="tessera-blender-", dir=self.parent))
+        return self._path
+
+    def remove(self) -> None:
+        """Remove the directory and what is in it (a later pass makes a new one)."""
+        if self._path is not None:
+            shutil.rmtree(self._path, ignore_errors=True)
+            self._path = None
+
+
 class BlenderSlot:
     """One Blender process and the requests it serves, one at a time; restarted when it dies."""
 
-    def __init__(self, workdir: Path, *, binary: str = "blender", threads: int = 1) -> None:
-        self.workdir = workdir
+    def __init__(self, scratch: Scratch, *, binary: str = "blender", threads: int = 1) -> None:
+        self.scratch = scratch
         self.binary = binary
         self.threads = threads
         self.proc: asyncio.subprocess.Process | None = None
@@ -116,7 +146,7 @@ class BlenderSlot:
 
     async def _start(self) -> None:
         argv = [self.binary, "-b", "--factory-startup", "--python", str(SERVER_SCRIPT)]
-        self.proc = await spawn(argv, cwd=self.workdir, stdin=True, stdout=True)
+        self.proc = await spawn(argv, cwd=self.scratch.path(), stdin=True, stdout=True)
         assert self.proc.stderr is not None
         self.tail = StderrTail(self.proc.stderr)
         self.loaded = None
@@ -178,7 +208,7 @@ class BlenderSlot:
         while True:
             if self.proc is None:
                 await self._start()
-            out = self.workdir / f"pass-{self.pid}.exr"
+            out = self.scratch.path() / f"pass-{self.pid}.exr"
             request = {
                 "op": "render",
                 "file": str(scene.path),
@@ -237,11 +267,11 @@ class BlenderRenderer:
         self.version = version or blender_version(binary)
         self.samples_per_pass = samples_per_pass
         self.watchdog = watchdog
-        # Scratch for the slots' EXR files; removed by close().
-        self._root = root = Path(tempfile.mkdtemp(prefix="tessera-blender-", dir=workdir))
-        self.slots = [BlenderSlot(root, binary=binary, threads=threads_per_slot)]
+        # Scratch for the slots' EXR files: made on the first pass, removed by close().
+        self.scratch = scratch = Scratch(workdir)
+        self.slots = [BlenderSlot(scratch, binary=binary, threads=threads_per_slot)]
         self.slots += [
-            BlenderSlot(root, binary=binary, threads=threads_per_slot) for _ in range(slots - 1)
+            BlenderSlot(scratch, binary=binary, threads=threads_per_slot) for _ in range(slots - 1)
         ]
         self._idle = asyncio.Queue[BlenderSlot]()
         for slot in self.slots:
@@ -308,7 +338,7 @@ class BlenderRenderer:
     async def close(self) -> None:
         """Kill the processes and remove the scratch directory."""
         await self.kill_all()
-        shutil.rmtree(self._root, ignore_errors=True)
+        self.scratch.remove()
 
 
 def create(found: Any, slots: int) -> BlenderRenderer:
