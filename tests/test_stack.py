@@ -55,6 +55,9 @@ def test_s3_put_get(seaweed: SeaweedS3) -> None:
     s3.put_object(Bucket="tessera", Key="probe/a", Body=b"hello")  # type: ignore[attr-defined]
     body = s3.get_object(Bucket="tessera", Key="probe/a")["Body"].read()  # type: ignore[attr-defined]
     assert body == b"hello"
+    # SeaweedFS's own log files are in the server's directory (by default glog writes them to
+    # /tmp, where every start of every test run left them)
+    assert (seaweed.data_dir / "weed.INFO").is_symlink()
 
 
 def test_full_stack_with_s3_starts_and_stops_without_leftovers(server_dir: Path) -> None:

@@ -270,7 +270,10 @@ class SeaweedS3:
         }
         config = self.config
         data_dir = self.data_dir
-        argv = [_bin("weed"), "server", f"-dir={data_dir / 'data'}", f"-ip={HOST}"]
+        # -logdir: glog's files (INFO, WARNING, ERROR, FATAL: up to 160 KB each a start) go to
+        # the server's own directory, not to /tmp, where every start left them
+        argv = [_bin("weed"), f"-logdir={data_dir}", "server", f"-dir={data_dir / 'data'}"]
+        argv += [f"-ip={HOST}"]
         argv += [f"-ip.bind={HOST}", "-s3", f"-s3.port={self.s3_port}", f"-s3.config={config}"]
         argv += [f"-{name}={port}" for name, port in ports.items()]
         argv += ["-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false"]
