@@ -41,6 +41,13 @@ async def _failed(rt: Runtime, job_id: str) -> bool:
     return job is not None and job.state is JobState.FAILED_TERMINAL
 
 
+async def _overdue_once_asleep(rt: Runtime, counted: _Counted) -> str:
+    """Once the check's first round is over (it sleeps), a job submitted past its deadline."""
+    await eventually(lambda: counted.nexts >= 1, what="the first check, asleep after it")
+    past = datetime.now(UTC) - timedelta(seconds=1)
+    return (await rt.db.submit_job(make_new_job(deadline_at=past))).job.job_id
+
+
 async def test_the_check_sleeps_until_the_earliest_deadline_and_fails_the_job_at_it(
     runtime: Runtime,
 ) -> None:
@@ -72,9 +79,7 @@ async def test_a_nudge_wakes_the_sleeping_check(runtime: Runtime) -> None:
     stop = asyncio.Event()
     task = asyncio.create_task(deadlines.run(stop))
     try:
-        await eventually(lambda: counted.nexts >= 1, what="the first check, asleep after it")
-        past = datetime.now(UTC) - timedelta(seconds=1)
-        job_id = (await runtime.db.submit_job(make_new_job(deadline_at=past))).job.job_id
+        job_id = await _overdue_once_asleep(runtime, counted)
         assert not await _failed(runtime, job_id)
         deadlines.nudge()
         await eventually(lambda: _failed(runtime, job_id), timeout=10, what="the job failed")
@@ -92,9 +97,7 @@ async def test_the_scheduler_wires_a_plan_to_wake_the_check(runtime: Runtime) ->
     stop = asyncio.Event()
     task = asyncio.create_task(deadlines.run(stop))
     try:
-        await eventually(lambda: counted.nexts >= 1, what="the first check, asleep after it")
-        past = datetime.now(UTC) - timedelta(seconds=1)
-        job_id = (await runtime.db.submit_job(make_new_job(deadline_at=past))).job.job_id
+        job_id = await _overdue_once_asleep(runtime, counted)
         await planner.plan(JobMessage(job_id, 0))
         await eventually(lambda: _failed(runtime, job_id), timeout=10, what="the job failed")
     finally:

@@ -84,15 +84,12 @@ async def test_a_stop_ends_a_waiting_pull_at_once(
         log=Log("test.consume"), fetch_wait=60.0, grace=5.0,
     ))  # fmt: skip
     try:
-
-        async def pulling() -> bool:
-            return (await js.consumer_info(stream, durable)).num_waiting > 0
-
-        await eventually(pulling, what="the consumer's pull waits at the server")
+        await eventually(lambda: _waiting(js, stream, durable),
+                         what="the consumer's pull waits at the server")  # fmt: skip
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
-    assert (await js.consumer_info(stream, durable)).num_waiting == 0
+    assert await _waiting(js, stream, durable) == 0
 
 
 async def test_a_message_published_while_a_stopped_consumer_drains_goes_to_another_at_once(
@@ -124,15 +121,12 @@ async def test_a_message_published_while_a_stopped_consumer_drains_goes_to_anoth
     try:
         await publish(js, topology.names.job_subject("held"), b"held", msg_id="d0")
         await asyncio.wait_for(held.wait(), 10)
-
-        async def pulling() -> bool:
-            return (await js.consumer_info(stream, durable)).num_waiting > 0
-
-        await eventually(pulling, what="the consumer pulls again beside the held message")
+        await eventually(lambda: _waiting(js, stream, durable),
+                         what="the consumer pulls again beside the held message")  # fmt: skip
         stop.set()
 
         async def dropped() -> bool:
-            return (await js.consumer_info(stream, durable)).num_waiting == 0
+            return await _waiting(js, stream, durable) == 0
 
         # within half the ack wait: after it, the held message's redelivery would use up a
         # pull left at the server and hide it
@@ -150,3 +144,8 @@ async def test_a_message_published_while_a_stopped_consumer_drains_goes_to_anoth
         await asyncio.wait_for(task, 10)
         await other.unsubscribe()
     assert handled == [b"held"]
+
+
+async def _waiting(js: JetStreamContext, stream: str, durable: str) -> int:
+    """The pulls the server holds for the consumer (``num_waiting``)."""
+    return (await js.consumer_info(stream, durable)).num_waiting
