@@ -200,6 +200,11 @@ async def _guarded(conn: Conn, fn: Callable[[Conn], Awaitable[T]], *, transactio
     asyncpg can notice a dead server as an internal protocol error, or as "connection is
     closed" while rolling back; either way this connection is unusable: terminate it so the
     pool opens a fresh one (asyncpg does the same when the reset on release fails).
+
+    asyncpg may also have terminated the connection itself (a cancel request after a timed-out
+    statement that found no server); that detaches the pool's proxy, and every later call on
+    it, ``is_closed()`` included, raises "released back to the pool". Inside the ``acquire``
+    that can only mean the connection was closed under us, so it is a broken connection too.
     """
     try:
         if not transaction:
@@ -207,7 +212,13 @@ async def _guarded(conn: Conn, fn: Callable[[Conn], Awaitable[T]], *, transactio
         async with conn.transaction():
             return await fn(conn)
     except (asyncpg.exceptions.InternalClientError, asyncpg.InterfaceError) as exc:
-        if isinstance(exc, asyncpg.InterfaceError) and not conn.is_closed():
+        try:
+            closed = conn.is_closed()
+        except asyncpg.InterfaceError:  # detached: asyncpg closed it and the pool took it back
+            raise StoreUnavailable(
+                f"metadata store connection was closed under a statement: {exc}"
+            ) from exc
+        if isinstance(exc, asyncpg.InterfaceError) and not closed:
             raise  # a misuse on a live connection: a bug, translated as terminal
         conn.terminate()
         raise StoreUnavailable(

@@ -17,7 +17,10 @@ connections, disk full)
 timeout, ``25006`` read-only (failover), ``58``
 stale prepared statement after a migration, :class:`StoreUnavailable`
 asyncpg ``InternalClientError`` (a protocol
-state broken by a vanished server)
+state broken by a vanished server), an
+``InterfaceError`` on a closed connection or
+on one the pool took back when asyncpg
+closed it (``base._guarded``)
 any other ``PostgresError``, or an          :class:`MetadataError` (terminal: a bug or
 ``InterfaceError`` on a live connection     corrupt data; the message names SQLSTATE)
 ==========================================  =============================================

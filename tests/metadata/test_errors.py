@@ -15,6 +15,7 @@ from shared.core.errors import ConfigError, RetryableError, StoreUnavailable, Te
 from shared.devstack.procs import free_port
 from shared.devstack.stack import PostgresServer
 from shared.metadata import MetadataError, MetadataStore, NewJob
+from shared.metadata.audit import Conn
 from shared.metadata.translate import translate
 from tests.helpers import eventually
 
@@ -112,6 +113,32 @@ def test_other_errors_become_terminal(exc: Exception) -> None:
     translated = translate(exc, "test")
     assert isinstance(translated, TerminalError) and not isinstance(translated, RetryableError)
     assert "test" in str(translated)
+
+
+@pytest.mark.parametrize("transaction", [True, False], ids=["transaction", "statement"])
+async def test_a_connection_the_server_drops_mid_use_is_store_unavailable(
+    store: MetadataStore, database_url: str, transaction: bool
+) -> None:
+    """A backend terminated under a statement (as a PostgreSQL shutdown does) is an outage.
+
+    asyncpg closes the connection and the pool takes it back at once, so the transaction's exit
+    (and any later call on the proxy) raises "released back to the pool": that is the outage,
+    never a terminal error that would fail the job (as it did in a PostgreSQL restart).
+    """
+    admin = await asyncpg.connect(database_url)
+    try:
+
+        async def dropped(conn: Conn) -> object:
+            pid = await conn.fetchval("SELECT pg_backend_pid()")
+            await admin.execute("SELECT pg_terminate_backend($1)", pid)
+            return await conn.fetchval("SELECT 1")
+
+        run = store._tx if transaction else store._statement
+        with pytest.raises(StoreUnavailable):
+            await run("test", dropped)
+        await store.ping()  # the pool opened a fresh connection
+    finally:
+        await admin.close()
 
 
 @pytest.fixture
