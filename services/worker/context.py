@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Container, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
@@ -53,6 +53,7 @@ __all__ = [
     "PointerStore",
     "Questions",
     "RunCommits",
+    "RunTurn",
     "RunTurns",
     "StopReason",
     "StopView",
@@ -301,18 +302,24 @@ class RunCommits:
     still fenced on its own row. The message was settled after the run's last tile anyway, so
     nothing is acked later; a crash while tiles wait here loses their uncommitted results,
     which the redelivered run renders again (crash point ``worker.after_run_rendered``).
+
+    ``left`` is told of each tile once, as it stops rendering (:meth:`RunTurn.left`).
     """
 
-    def __init__(self, tiles: Iterable[int]) -> None:
+    def __init__(self, tiles: Iterable[int], left: Callable[[], None] | None = None) -> None:
         #: tiles of the run neither rendered nor ended
         self._rendering = set(tiles)
+        self._left = left
         self._none_left = asyncio.Event()
         self._opened = False
         self._check()
 
     def ended(self, tile_index: int) -> None:
         """The tile's steps ended (any outcome): the run's commits wait for it no longer."""
-        self._rendering.discard(tile_index)
+        if tile_index in self._rendering:
+            self._rendering.discard(tile_index)
+            if self._left is not None:
+                self._left()
         self._check()
 
     async def rendered(self, tile_index: int) -> None:
@@ -329,9 +336,32 @@ class RunCommits:
             self._none_left.set()
 
 
+class RunTurn:
+    """A started run's turn (:class:`RunTurns`): how many of its tiles are still to render."""
+
+    def __init__(self, turns: RunTurns, tiles: int) -> None:
+        self._turns = turns
+        #: tiles of the run not yet rendered (nor ended), counted in the turns' ``pending``
+        #: while the turn is held
+        self.rendering = tiles
+        self.held = False
+
+    def left(self) -> None:
+        """One tile of the run is rendered, or ended its steps some other way."""
+        if self.held and self.rendering > 0:
+            self.rendering -= 1
+            self._turns._left(1)
+
+    def _end(self) -> None:
+        if self.held:
+            self.held = False
+            self._turns._ended(self.rendering)
+
+
 class RunTurns:
-    """Runs whose tiles have started in this worker: at most ``turns`` (the worker: one per
-    kernel thread and one more).
+    """Runs whose tiles have started in this worker: at most ``turns`` of them (the worker: one
+    per kernel thread and one more), and a new one only while the started runs have at most
+    ``lead`` tiles left to render (the worker: also one per kernel thread and one more).
 
     A worker holds two messages per kernel thread (the dispatch window counts them), and a run's
     tiles are all leased and fenced when it starts, their passes' bands queued behind those of
@@ -339,50 +369,76 @@ class RunTurns:
     leased about 2.2 s before their commit on two threads, past the heartbeat interval, so
     nearly every tile renewed its lease. Now a run beyond the turns waits here unstarted —
     nothing leased, fenced or rendered, its message's ack deadline reset every heartbeat
-    interval — and starts, in the order they came, as a started run ends; it is still in hand,
-    so it starts at once, with no fetch between. The one turn more than the threads keeps a
-    run leased, fenced and queued behind the rendering ones, so no thread waits for a run's
-    lease and fence at the end of the one before (with one turn per thread, a single-thread
-    worker's thread waited so after every run: busy 98.5 % of the render span, against 99.6).
+    interval — and starts, in the order they came, once a turn is free and the tiles ahead of
+    it are few; it is still in hand, so it starts at once, with no fetch between.
+
+    Why the tiles too (issue 19): three runs of eight, the turns of two threads, still queued
+    24 tiles at once, whose last ones were leased 2.0 s before their commit on this host's
+    slower days, so 48 of (a)'s 64 tiles renewed their leases (a KV write and its answer each:
+    0.46 core-ms a tile of the job, measured with the renewals pushed past the job). Counted in
+    tiles, a run starts when the started ones have ``lead`` tiles left — each thread's last
+    and one queued — so its lease and fence overlap their render, no thread waits for them, and
+    no tile is leased much more than two runs' render ahead of its commit. Tiles that render
+    at once (8x8 at 1 spp, on the loop's own thread) leave nothing pending, so short runs still
+    start up to ``turns`` at once. The one turn more than the threads keeps a run leased,
+    fenced and queued behind the rendering ones (with one turn per thread, a single-thread
+    worker's thread waited after every run: busy 98.5 % of the render span, against 99.6).
     A message of one tile never waits: it is a tile long enough to be sent alone, and two per
     thread keep the cores busy through each one's I/O (Worker flow). A drain hands a waiting
     run back at once, nothing of it started.
     """
 
-    def __init__(self, turns: int) -> None:
+    def __init__(self, turns: int, lead: int | None = None) -> None:
         if turns < 1:
             raise ValueError(f"turns must be at least 1, not {turns}")
         self.turns = turns
+        #: a run starts only while the started ones have at most this many tiles to render
+        #: (``None``: any number, the turns alone bound the runs)
+        self.lead = lead
         #: runs holding a turn (started, or handed a turn and about to start)
         self.started = 0
-        self._waiting: deque[asyncio.Future[None]] = deque()
+        #: tiles of the runs holding a turn that are neither rendered nor ended
+        self.pending = 0
+        self._waiting: deque[tuple[asyncio.Future[None], RunTurn]] = deque()
 
     @property
     def waiting(self) -> int:
         """Runs waiting for a turn."""
-        return sum(1 for f in self._waiting if not f.done())
+        return sum(1 for f, _ in self._waiting if not f.done())
 
     @contextlib.asynccontextmanager
     async def turn(
-        self, delivery: Delivery, interval: float, handing_back: asyncio.Event
-    ) -> AsyncIterator[bool]:
-        """A turn for the run of ``delivery``, held for the block: ``True`` once it has one;
-        ``False`` (holding none) if the worker began handing its messages back first."""
-        mine = await self._wait(delivery, interval, handing_back)
+        self, delivery: Delivery, tiles: int, interval: float, handing_back: asyncio.Event
+    ) -> AsyncIterator[RunTurn | None]:
+        """A turn for the run of ``delivery`` (``tiles`` tiles), held for the block: the turn
+        once it has one; ``None`` (holding none) if the worker began handing its messages back
+        first."""
+        mine = RunTurn(self, tiles)
+        got = await self._wait(delivery, mine, interval, handing_back)
         try:
-            yield mine
+            yield mine if got else None
         finally:
-            if mine:
-                self._pass_on()
+            if got:
+                mine._end()
 
-    async def _wait(self, delivery: Delivery, interval: float, back: asyncio.Event) -> bool:
+    def _room(self) -> bool:
+        return self.started < self.turns and (self.lead is None or self.pending <= self.lead)
+
+    def _take(self, turn: RunTurn) -> None:
+        turn.held = True
+        self.started += 1
+        self.pending += turn.rendering
+
+    async def _wait(
+        self, delivery: Delivery, turn: RunTurn, interval: float, back: asyncio.Event
+    ) -> bool:
         if back.is_set():
             return False  # (the worker hands its messages back: start nothing more)
-        if self.started < self.turns and not self.waiting:
-            self.started += 1
+        if not self.waiting and self._room():
+            self._take(turn)
             return True
         mine: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append(mine)
+        self._waiting.append((mine, turn))
         crash.crash_point("worker.run_waiting")
         backing = asyncio.ensure_future(back.wait())
         either: set[asyncio.Future[Any]] = {mine, backing}
@@ -393,36 +449,45 @@ class RunTurns:
                     await delivery.in_progress()
         except BaseException:
             if mine.done() and not mine.cancelled():
-                self._pass_on()  # handed a turn as this wait failed: it goes to the next run
+                turn._end()  # handed a turn as this wait failed: it goes to the next run
             mine.cancel()
             raise
         finally:
             backing.cancel()
         if mine.done() and back.is_set():
-            self._pass_on()  # handed a turn as the drain began: not started, the turn goes on
+            turn._end()  # handed a turn as the drain began: not started, the turn goes on
         elif mine.done():
             # Its last reset may be an interval old, and its tiles' heartbeats first reset it
             # an interval after their leases: reset it now, as a message fetched now would be.
-            await self._reset(delivery)
+            await self._reset(delivery, turn)
             return True
         mine.cancel()  # (skipped when a turn is passed on)
         return False
 
-    async def _reset(self, delivery: Delivery) -> None:
+    async def _reset(self, delivery: Delivery, turn: RunTurn) -> None:
         try:
             await delivery.in_progress()
         except BaseException:
-            self._pass_on()  # (the turn was ours: the next run takes it)
+            turn._end()  # (the turn was ours: the next run takes it)
             raise
 
-    def _pass_on(self) -> None:
-        """A run's turn ends: to the run that waited longest, if any."""
-        while self._waiting:
-            waiter = self._waiting.popleft()
-            if not waiter.done():
-                waiter.set_result(None)  # the turn is its now (``started`` counts it still)
-                return
+    def _left(self, tiles: int) -> None:
+        self.pending -= tiles
+        self._pass_on()
+
+    def _ended(self, rest: int) -> None:
+        """A run's turn ends (``rest``: its tiles still counted as pending)."""
         self.started -= 1
+        self.pending -= rest
+        self._pass_on()
+
+    def _pass_on(self) -> None:
+        """Turns to the runs that waited longest, while there is room for them."""
+        while self._waiting and self._room():
+            waiter, turn = self._waiting.popleft()
+            if not waiter.done():
+                self._take(turn)  # the turn is its now
+                waiter.set_result(None)
 
 
 class JobCache:

@@ -60,7 +60,8 @@ class Worker:
         # its I/O (result write, fenced commit, tile-done, release, ack; then fetch, lease,
         # fence the next) the other's passes keep the core busy. Passes of the tiles in hand
         # share the threads; of messages carrying runs, one per thread and one more are
-        # started at a time and the others wait in hand (RunTurns).
+        # started at a time, a new one once those have as few tiles left to render, and the
+        # others wait in hand (RunTurns).
         self.in_hand = config.tiles_in_hand()
         # ``assets``: the worker's AssetCache, for scenes that are asset references (held while
         # a tile renders them)
@@ -104,7 +105,7 @@ class Worker:
             retry=rt.retry,
             node=rt.node,
             log=self.log,
-            turns=RunTurns(self.slots + 1),
+            turns=RunTurns(self.slots + 1, lead=self.slots + 1),
         )
 
     async def run(self, stop: asyncio.Event) -> None:

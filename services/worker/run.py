@@ -9,8 +9,9 @@ of the run's tiles is still rendering they go together, one statement) and
 that none of them settles the message: their outcomes are combined
 (:func:`~shared.service.settle.combine`) and the message is settled once, after the last tile's
 outcome (crash point ``worker.before_run_settle``). Their heartbeats all extend the one
-message's ack deadline. A worker starts one run per kernel thread and one more at a time; a
-run message beyond that waits in hand unstarted (:class:`~services.worker.context.RunTurns`).
+message's ack deadline. A worker starts one run per kernel thread and one more at a time,
+and a new one only while the started runs have at most as many tiles left to render; a run
+message beyond that waits in hand unstarted (:class:`~services.worker.context.RunTurns`).
 
 A redelivered run finds its done tiles done (re-announced, nothing rendered) and renders the
 rest, as a redelivered single tile does.
@@ -22,7 +23,7 @@ import asyncio
 from collections.abc import Callable
 
 from proto.messages import TileMessage
-from services.worker.context import RunCommits, TileContext
+from services.worker.context import RunCommits, RunTurn, TileContext
 from services.worker.tile import TileRun
 from shared.core import crash
 from shared.core.errors import DecodeError
@@ -49,16 +50,18 @@ async def handle(
         await TileRun(ctx, delivery, message).run()
         return
     interval = ctx.lease_config.heartbeat_interval
-    async with ctx.turns.turn(delivery, interval, ctx.stop.handing_back) as started:
-        if started:
-            await _run(ctx, delivery, message)
+    tiles = len(message.tiles)
+    async with ctx.turns.turn(delivery, tiles, interval, ctx.stop.handing_back) as turn:
+        if turn is not None:
+            await _run(ctx, delivery, message, turn)
         else:  # the worker hands its messages back: the run goes back whole, nothing started
             await settle(delivery, HAND_BACK)
 
 
-async def _run(ctx: TileContext, delivery: Delivery, message: TileMessage) -> None:
-    """Every tile of the run side by side, then the message settled once."""
-    commits = RunCommits(message.tiles)
+async def _run(ctx: TileContext, delivery: Delivery, message: TileMessage, turn: RunTurn) -> None:
+    """Every tile of the run side by side, then the message settled once; the turn is told of
+    each tile as it stops rendering."""
+    commits = RunCommits(message.tiles, turn.left)
     runs = [TileRun(ctx, delivery, message.single(i), commits) for i in message.tiles]
     for r in runs:  # each tile's lines name the run its message carried
         r.log = r.log.bind(run=message.run, run_first=message.tile_index)

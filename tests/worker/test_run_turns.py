@@ -1,6 +1,7 @@
 """Run turns (:class:`services.worker.context.RunTurns`): a bounded number of started runs (the
-worker: one per kernel thread and one more), the others waiting in hand unstarted, their
-messages' deadlines kept, handed back on a drain."""
+worker: one per kernel thread and one more), a new one only while the started ones have few
+tiles left to render, the others waiting in hand unstarted, their messages' deadlines kept,
+handed back on a drain."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 
 import pytest
 
-from services.worker.context import RunTurns
+from services.worker.context import RunTurn, RunTurns
 from tests.doubles.delivery import FakeDelivery
 from tests.helpers import eventually
 
@@ -27,15 +28,18 @@ class Run:
         started: list[str],
         name: str,
         interval: float = LONG,
+        tiles: int = 1,
     ) -> None:
         self.delivery = FakeDelivery(b"")
         self.done = asyncio.Event()
         self.got: bool | None = None
+        self.turn: RunTurn | None = None
 
         async def go() -> None:
-            async with turns.turn(self.delivery, interval, back) as got:
-                self.got = got
-                if got:
+            async with turns.turn(self.delivery, tiles, interval, back) as turn:
+                self.got = turn is not None
+                self.turn = turn
+                if turn is not None:
                     started.append(name)
                     await self.done.wait()
 
@@ -149,3 +153,77 @@ async def test_during_a_drain_no_run_starts_even_with_a_turn_free_or_handed_over
     late = Run(turns, back, started, "late")  # a turn is free: still nothing starts
     await asyncio.wait_for(late.task, 5)
     assert late.got is False and turns.started == 0 and turns.waiting == 0
+
+
+async def test_a_run_waits_while_the_started_ones_have_more_tiles_left_than_the_lead() -> None:
+    """Counted in tiles: the next run starts as the started runs' tiles left to render fall to
+    the lead, not when a run ends; a tile counts once, rendered or ended."""
+    turns, back, started = RunTurns(3, lead=3), asyncio.Event(), list[str]()
+    first = Run(turns, back, started, "first", tiles=8)
+    await eventually(lambda: started == ["first"], timeout=5, what="the first run started")
+    second = Run(turns, back, started, "second", tiles=8)
+    await eventually(lambda: turns.waiting == 1, timeout=5, what="the second run waiting")
+    assert turns.pending == 8 and turns.started == 1
+    assert first.turn is not None
+    for _ in range(4):
+        first.turn.left()
+    # (a turn is passed on synchronously, inside ``left``: the waiter's future set at once)
+    assert turns.waiting == 1 and turns.started == 1, "4 tiles left, lead 3: still waiting"
+    assert turns.pending == 4
+    first.turn.left()
+    await eventually(lambda: started == ["first", "second"], timeout=5, what="the second run")
+    assert turns.pending == 3 + 8 and turns.started == 2
+    third = Run(turns, back, started, "third", tiles=8)
+    await eventually(lambda: turns.waiting == 1, timeout=5, what="the third run waiting")
+    first.done.set()  # its 3 tiles never rendered (it ended otherwise): no longer pending
+    await eventually(lambda: turns.pending == 8 and turns.started == 1, timeout=5,
+                     what="the first run's turn and tiles given back")  # fmt: skip
+    assert started == ["first", "second"], "8 tiles of the second left: the third still waits"
+    assert second.turn is not None
+    for _ in range(8):
+        second.turn.left()
+        second.turn.left()  # (told twice: counted once, the turn has only 8 tiles)
+    await eventually(lambda: started == ["first", "second", "third"], timeout=5, what="third")
+    assert turns.pending == 8
+    second.done.set()
+    third.done.set()
+    await asyncio.wait_for(asyncio.gather(first.task, second.task, third.task), 5)
+    assert turns.started == 0 and turns.pending == 0 and turns.waiting == 0
+
+
+async def test_runs_whose_tiles_render_at_once_start_up_to_the_turns() -> None:
+    """Tiles that render on the loop at once leave nothing pending: the turns alone bound."""
+    turns, back, started = RunTurns(2, lead=1), asyncio.Event(), list[str]()
+    a = Run(turns, back, started, "a", tiles=16)
+    await eventually(lambda: a.turn is not None, timeout=5, what="the first run started")
+    assert a.turn is not None
+    for _ in range(16):
+        a.turn.left()
+    b = Run(turns, back, started, "b", tiles=16)
+    await eventually(lambda: b.turn is not None, timeout=5, what="the second run started")
+    assert b.turn is not None
+    for _ in range(16):
+        b.turn.left()
+    c = Run(turns, back, started, "c", tiles=16)
+    await eventually(lambda: turns.waiting == 1, timeout=5, what="the third run waiting")
+    assert started == ["a", "b"], "two turns, both held (their tiles wait for their commits)"
+    a.done.set()
+    await eventually(lambda: started == ["a", "b", "c"], timeout=5, what="the third run")
+    b.done.set()
+    c.done.set()
+    await asyncio.wait_for(asyncio.gather(a.task, b.task, c.task), 5)
+    assert turns.started == 0 and turns.pending == 0
+
+
+async def test_a_run_handed_back_while_waiting_leaves_no_tiles_pending() -> None:
+    turns, back, started = RunTurns(1, lead=0), asyncio.Event(), list[str]()
+    first = Run(turns, back, started, "first", tiles=4)
+    await eventually(lambda: started == ["first"], timeout=5, what="the first run started")
+    waiting = Run(turns, back, started, "waiting", tiles=4)
+    await eventually(lambda: turns.waiting == 1, timeout=5, what="a run waiting")
+    back.set()
+    await asyncio.wait_for(waiting.task, 5)
+    assert waiting.got is False and turns.pending == 4
+    first.done.set()
+    await asyncio.wait_for(first.task, 5)
+    assert turns.started == 0 and turns.pending == 0

@@ -6,6 +6,7 @@ its own steps, and the message is settled once, by the combined outcome
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from kernel.rect import Rect
 from proto import names as n
 from proto.messages import TileMessage, TilesDone
 from services.worker import run
+from services.worker.context import RunTurns
 from services.worker.tile import TileRun
 from shared.core.errors import DecodeError, RetryableError, TerminalError
 from shared.core.lifecycle import TileState
@@ -173,6 +175,33 @@ async def test_a_second_run_waits_unleased_for_the_first_and_a_drain_hands_it_ba
     go.set()
     await asyncio.wait_for(first, 60)
     assert rig.ctx.turns.started == 0
+
+
+async def test_a_run_tile_found_done_makes_room_for_the_next_run_at_once(rig: Rig) -> None:
+    """The turns count tiles left to render: a run whose tile 1 is done already has one tile
+    left while tile 0 renders (held in its pass), so with a lead of one the next run starts
+    beside it, its tiles leased and rendering, though the first run holds its turn still."""
+    await _handle(rig, FakeDelivery(TileMessage(rig.job.job_id, 1, 0, 1).encode()))
+    ctx = dataclasses.replace(rig.ctx, turns=RunTurns(2, lead=1))
+    go = asyncio.Event()
+
+    async def hold(end: int) -> None:
+        await go.wait()
+
+    rig.kernels.after_pass = hold
+    first = asyncio.create_task(asyncio.wait_for(run.handle(ctx, _run_of(rig, 0, 2)), 60))
+    await eventually(lambda: ctx.turns.pending == 1, timeout=10, what="tile 1 found done")
+    second = asyncio.create_task(asyncio.wait_for(run.handle(ctx, _run_of(rig, 2, 2)), 60))
+
+    async def second_started() -> bool:
+        return {2, 3} <= {a.tile_index for a in await rig.db.attempts(rig.job.job_id)}
+
+    await eventually(second_started, timeout=10, what="the next run's tiles leased")
+    assert not first.done() and ctx.turns.started == 2 and ctx.turns.waiting == 0
+    go.set()
+    await asyncio.gather(first, second)
+    assert await _states(rig) == [TileState.DONE] * TILES
+    assert ctx.turns.started == 0 and ctx.turns.pending == 0
 
 
 async def test_a_redelivered_run_renders_only_its_tiles_not_done(rig: Rig) -> None:
