@@ -201,10 +201,12 @@ async def _guarded(conn: Conn, fn: Callable[[Conn], Awaitable[T]], *, transactio
     closed" while rolling back; either way this connection is unusable: terminate it so the
     pool opens a fresh one (asyncpg does the same when the reset on release fails).
 
-    asyncpg may also have terminated the connection itself (a cancel request after a timed-out
-    statement that found no server); that detaches the pool's proxy, and every later call on
-    it, ``is_closed()`` included, raises "released back to the pool". Inside the ``acquire``
-    that can only mean the connection was closed under us, so it is a broken connection too.
+    When the server drops the connection (a shutdown terminates its backend), asyncpg cleans
+    it up at once: the pool takes it back and detaches the proxy, so the transaction's rollback
+    and every later call on the proxy, ``is_closed()`` included, raise "released back to the
+    pool" (asyncpg's own terminate, after a cancel request that found no server, does the
+    same). Inside the ``acquire`` that can only mean the connection was closed under us, so it
+    is a broken connection too (``tests/metadata/test_errors.py``, a backend terminated mid-use).
     """
     try:
         if not transaction:

@@ -157,7 +157,8 @@ async def test_during_a_drain_no_run_starts_even_with_a_turn_free_or_handed_over
 
 async def test_a_run_waits_while_the_started_ones_have_more_tiles_left_than_the_lead() -> None:
     """Counted in tiles: the next run starts as the started runs' tiles left to render fall to
-    the lead, not when a run ends; a tile counts once, rendered or ended."""
+    the lead, not when a run ends; a run's count never goes below zero, and its tiles still
+    pending when it ends are given back with its turn."""
     turns, back, started = RunTurns(3, lead=3), asyncio.Event(), list[str]()
     first = Run(turns, back, started, "first", tiles=8)
     await eventually(lambda: started == ["first"], timeout=5, what="the first run started")
@@ -182,7 +183,7 @@ async def test_a_run_waits_while_the_started_ones_have_more_tiles_left_than_the_
     assert second.turn is not None
     for _ in range(8):
         second.turn.left()
-        second.turn.left()  # (told twice: counted once, the turn has only 8 tiles)
+        second.turn.left()  # (more calls than tiles: counted down to 0, never below)
     await eventually(lambda: started == ["first", "second", "third"], timeout=5, what="third")
     assert turns.pending == 8
     second.done.set()
