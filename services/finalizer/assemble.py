@@ -255,13 +255,13 @@ class Finalizer:
         async def write_float() -> str:
             flt, sha = await asyncio.to_thread(_float_image, mean)
             key = render_key(job.job_id, sha, "npy")
-            await store.put(key, flt)
+            await store.put(key, flt, sha256=sha)
             return key
 
         async def write_png() -> tuple[str, str]:
             png, sha = await asyncio.to_thread(_png_image, encode, image)
             key = render_key(job.job_id, sha, "png")
-            await store.put(key, png)
+            await store.put(key, png, sha256=sha)
             try:
                 await store.get(key, sha256=sha)
             except (TerminalError, RetryableError) as exc:

@@ -128,7 +128,7 @@ class AssetHandlers:
         key = asset_chunk_key(request.sha256)
         if await self.store.exists(key):
             return AssetChunkReply(request.sha256, len(request.data), stored=False)
-        await self.store.put(key, request.data)
+        await self.store.put(key, request.data, sha256=actual)
         self.chunks_stored += 1
         return AssetChunkReply(request.sha256, len(request.data), stored=True)
 
@@ -148,7 +148,7 @@ class AssetHandlers:
         key = asset_manifest_key(digest)
         stored = not await self.store.exists(key)
         if stored:
-            await self.store.put(key, body)
+            await self.store.put(key, body, sha256=digest)
         self.log.info(
             "asset stored" if stored else "asset already stored",
             asset=digest,

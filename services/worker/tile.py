@@ -359,7 +359,7 @@ class TileRun:
         if key is not None:
             # Not fsynced: a result an OS crash loses fails its sha256 at finalization and is
             # rendered again (docs/architecture.md, "Worker flow" step 6).
-            await self.ctx.store.put(key, data, durable=False)
+            await self.ctx.store.put(key, data, durable=False, sha256=sha)
         crash.crash_point("worker.after_result_write")
         if self.commits is not None:  # with the run's other tiles, once none still renders
             await self.commits.rendered(tile.tile_index)

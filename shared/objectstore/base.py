@@ -133,14 +133,18 @@ class ObjectStore(ABC):
     remote: bool = False
 
     @abstractmethod
-    async def put(self, key: str, data: bytes, *, durable: bool = True) -> str:
+    async def put(
+        self, key: str, data: bytes, *, durable: bool = True, sha256: str | None = None
+    ) -> str:
         """Store ``data`` under ``key`` atomically (replacing any object); return its sha256.
 
         A reader sees the old object or the new one, never a part of either. ``durable=False``
         lets a store skip making the object survive an operating-system crash once ``put``
         returns (the directory store's fsyncs; S3 is durable either way): only for an object
         whose loss is detected by its recorded sha256 and made again (a tile result, rendered
-        again by the finalizer's "result lost" path).
+        again by the finalizer's "result lost" path). ``sha256``: the digest of ``data`` the
+        caller computed already (a content-addressed key is built from it), used as is rather
+        than hashing the bytes a second time (a tile result, a final image, an asset chunk).
         """
 
     @abstractmethod

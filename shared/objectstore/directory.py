@@ -80,9 +80,11 @@ class DirectoryStore(ObjectStore):
             raise ValidationError(f"object key {key!r} escapes the store root")
         return path
 
-    async def put(self, key: str, data: bytes, *, durable: bool = True) -> str:
+    async def put(
+        self, key: str, data: bytes, *, durable: bool = True, sha256: str | None = None
+    ) -> str:
         path = self.path_of(key)
-        digest = sha256_hex(data)
+        digest = sha256 if sha256 is not None else sha256_hex(data)
         with _os_errors(f"put {key}"):
             await asyncio.to_thread(_put_file, path, bytes(data), durable)
         return digest

@@ -108,9 +108,11 @@ class S3Store(ObjectStore):
         )
         return cls(client, settings.bucket, resources)
 
-    async def put(self, key: str, data: bytes, *, durable: bool = True) -> str:
+    async def put(
+        self, key: str, data: bytes, *, durable: bool = True, sha256: str | None = None
+    ) -> str:
         check_key(key)  # (a PUT that returned is durable: ``durable`` changes nothing)
-        digest = sha256_hex(data)
+        digest = sha256 if sha256 is not None else sha256_hex(data)
         md5 = base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode()
         with _translate(f"put {key}"):
             await self._client.put_object(

@@ -32,13 +32,15 @@ class Store(DirectoryStore):
         self.float_fails = float_fails
         self.png_read_back = asyncio.Event()
 
-    async def put(self, key: str, data: bytes, *, durable: bool = True) -> str:
+    async def put(
+        self, key: str, data: bytes, *, durable: bool = True, sha256: str | None = None
+    ) -> str:
         if key.endswith(".npy") and self.float_fails:
             # its error must not be raised (the PNG's branch left running) before the PNG
             # has been written and read back
             await asyncio.wait_for(self.png_read_back.wait(), 30)
             raise StoreUnavailable(f"put {key}: disk gone")
-        return await super().put(key, data, durable=durable)
+        return await super().put(key, data, durable=durable, sha256=sha256)
 
     async def get(self, key: str, *, sha256: str | None = None) -> bytes:
         try:

@@ -71,6 +71,31 @@ def prefix(namespace: str) -> str:
 # ------------------------------------------------------------------------------ contract
 
 
+async def test_a_put_given_the_digest_does_not_hash_again(
+    store: ObjectStore, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A content-addressed put passes the digest it built the key from: the store records and
+    returns it as is (the bytes were hashed once, by the caller), and reads check against it."""
+    data = b"result bytes" * 1000
+    digest = hashlib.sha256(data).hexdigest()
+    calls: list[int] = []
+    module = sys.modules[type(store).__module__]
+    real = module.sha256_hex
+
+    def counted(b: bytes) -> str:
+        calls.append(len(b))
+        return str(real(b))
+
+    monkeypatch.setattr(module, "sha256_hex", counted)
+    key = prefix + "tiles/j/0/given.npy"
+    assert await store.put(key, data, durable=False, sha256=digest) == digest
+    assert calls == [], "the given digest was not used as is"
+    assert await store.put(prefix + "tiles/j/0/hashed.npy", data) == digest
+    assert calls == [len(data)], "without a digest the store hashes the bytes itself"
+    monkeypatch.undo()
+    assert await store.get(key, sha256=digest) == data
+
+
 async def test_round_trip(store: ObjectStore, prefix: str) -> None:
     data = b"tile bytes \x00\xff" * 100
     key = prefix + "a/one.npy"
