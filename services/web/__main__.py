@@ -25,6 +25,7 @@ from shared.core.config import Settings
 from shared.core.errors import ConfigError, StoreUnavailable, TesseraError
 from shared.nats.jetstream import connect_nats
 from shared.service.logs import Log, setup_logging
+from shared.service.memory import reuse_freed_memory
 from shared.service.metrics import Metrics
 from shared.service.observability import Check, OpsServer
 
@@ -40,6 +41,7 @@ def main() -> int:
         print(f"tessera web: {exc}", file=sys.stderr)
         return 2
     setup_logging(settings.process.log_level)
+    reuse_freed_memory(settings.process.malloc_reuse_bytes)  # (its previews and pages)
     return uvloop.run(run(settings))
 
 

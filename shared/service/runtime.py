@@ -31,6 +31,7 @@ from shared.nats.jetstream import connect_nats
 from shared.nats.leases import Leases, ProgressPointers
 from shared.objectstore import ObjectStore, open_object_store
 from shared.service.logs import Log, setup_logging
+from shared.service.memory import reuse_freed_memory
 from shared.service.metrics import Metrics
 from shared.service.observability import Check, OpsServer
 
@@ -156,6 +157,7 @@ async def _run(settings: Settings, service: str, body: ServiceBody) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     log = Log(f"tessera.{service}", service=service, node=settings.node)
+    reuse = reuse_freed_memory(settings.process.malloc_reuse_bytes)
     try:
         runtime = await Runtime.open(settings, service)
     except TesseraError as exc:
@@ -163,7 +165,8 @@ async def _run(settings: Settings, service: str, body: ServiceBody) -> int:
         # a setting the servers refuse (a topology that differs from the one declared) is a
         # configuration error like a malformed variable; anything else is a failed start
         return 2 if isinstance(exc, ConfigError) else 1
-    log.info("started", namespace=settings.deployment.namespace)
+    log.info("started", namespace=settings.deployment.namespace,
+             malloc_reuse_bytes=settings.process.malloc_reuse_bytes if reuse else 0)  # fmt: skip
     ops: OpsServer | None = None
     try:
         if settings.process.metrics_port > 0:

@@ -12,6 +12,9 @@ from typing import Literal
 from shared.core.config.knobs import _knob
 from shared.core.retry import RetryPolicy
 
+MAX_MALLOC_REUSE = 32 * 1024 * 1024
+"""The largest ``TESSERA_MALLOC_REUSE_BYTES``: glibc's top mmap threshold on 64-bit."""
+
 
 @dataclass(frozen=True)
 class ObjectStoreSettings:
@@ -179,6 +182,18 @@ class ProcessSettings:
         "address that endpoint listens on: an IP address (`127.0.0.1` keeps it on the machine, "
         "`::` for IPv6) or a host name",
         read_by="services",
+    )
+    #: allocations below this many bytes reuse memory the process freed earlier instead of
+    #: fresh pages from the OS, and up to twice it stays free for that (glibc;
+    #: :mod:`shared.service.memory`)
+    malloc_reuse_bytes: int = _knob(
+        MAX_MALLOC_REUSE,
+        "TESSERA_MALLOC_REUSE_BYTES",
+        "allocations below this size reuse memory freed earlier instead of fresh pages, and up "
+        "to twice it stays free in the process for that (glibc; 0: the C library's defaults; "
+        "at most 33554432)",
+        read_by="services",
+        minimum=0,
     )
     #: log level name
     log_level: str = _knob(

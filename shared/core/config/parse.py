@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from shared.core.config.common import ObjectStoreSettings
+from shared.core.config.common import MAX_MALLOC_REUSE, ObjectStoreSettings
 from shared.core.errors import ConfigError
 from shared.core.runs import MAX_RUN
 
@@ -125,9 +125,14 @@ def _float(name: str, raw: str, minimum: float) -> float:
 
 
 def _check_relations(s: Settings) -> None:
-    """The checks that span knobs or need more than a minimum: the clocks first, then the names."""
+    """The checks that span knobs or need more than a minimum: the clocks, the names, the bounds."""
     _check_clocks(s)
     _check_names(s)
+    if s.process.malloc_reuse_bytes > MAX_MALLOC_REUSE:
+        raise ConfigError(
+            f"TESSERA_MALLOC_REUSE_BYTES={s.process.malloc_reuse_bytes} must be at most "
+            f"{MAX_MALLOC_REUSE} (the largest mmap threshold glibc accepts)"
+        )
 
 
 def _check_clocks(s: Settings) -> None:
