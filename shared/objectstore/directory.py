@@ -74,11 +74,16 @@ class DirectoryStore(ObjectStore):
         return store
 
     def path_of(self, key: str) -> Path:
-        """The final file of ``key``; refuses anything that would leave the root."""
-        path = self.root / check_key(key)
-        if not path.resolve().is_relative_to(self.root):
-            raise ValidationError(f"object key {key!r} escapes the store root")
-        return path
+        """The final file of ``key``; refuses anything that would leave the root.
+
+        The check is lexical (:func:`check_key`: relative, no empty part, no part starting with
+        a dot, so no ``..``): the path is never resolved. Resolving it took seven ``lstat``
+        calls on the event loop for every tile result written (issue 19: 11 % of a worker's
+        loop CPU in an (a) job). Only a symlink inside the store could lead out of the root,
+        and whoever can create one can write the store's files anyway; a symlink an operator
+        placed on purpose (a prefix moved to another disk) is followed.
+        """
+        return self.root / check_key(key)
 
     async def put(
         self, key: str, data: bytes, *, durable: bool = True, sha256: str | None = None

@@ -338,6 +338,21 @@ async def test_directory_unreplaced_temp_is_invisible(tmp_path: Path) -> None:
     assert await store.list("") == []
 
 
+async def test_directory_follows_a_prefix_an_operator_moved_by_symlink(tmp_path: Path) -> None:
+    """Keys are checked lexically, never resolved: a prefix moved to another disk behind a
+    symlink is read and written through it (and no key can name a path outside the root)."""
+    elsewhere = tmp_path / "other-disk"
+    elsewhere.mkdir()
+    store = await DirectoryStore.open(tmp_path / "store")
+    (store.root / "renders").symlink_to(elsewhere, target_is_directory=True)
+    digest = await store.put("renders/j/a.png", b"image")
+    assert (elsewhere / "j" / "a.png").read_bytes() == b"image"
+    assert await store.get("renders/j/a.png", sha256=digest) == b"image"
+    for bad in ("renders/../../x", "../other-disk/j/a.png", "/abs"):
+        with pytest.raises(ValidationError):
+            store.path_of(bad)
+
+
 async def test_directory_put_leaves_no_temp_files(tmp_path: Path) -> None:
     store = await DirectoryStore.open(tmp_path)
     await asyncio.gather(*(store.put(f"t/{i % 3}.npy", os.urandom(1000)) for i in range(30)))
