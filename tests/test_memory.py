@@ -49,7 +49,7 @@ def _faults(below: int) -> int:
 def test_jobs_reuse_the_memory_the_last_job_freed() -> None:
     default = _faults(0)
     reused = _faults(MAX_MALLOC_REUSE)
-    # glibc's defaults give every job's buffers fresh pages (about 2,400 faults a job here)
+    # glibc's defaults give every job's buffers fresh pages (about 1,700 faults a job here)
     assert default > 20 * 1000, default
     assert reused * 20 < default, (reused, default)
 
