@@ -80,8 +80,9 @@ class DirectoryStore(ObjectStore):
         a dot, so no ``..``): the path is never resolved. Resolving it took seven ``lstat``
         calls on the event loop for every tile result written and read (issue 19; side by
         side, worker 2.45 → 2.27 core-ms per (a) tile). Only a symlink inside the store could
-        lead out of the root, and whoever can create one can write the store's files anyway; a
-        symlink an operator placed on purpose (a prefix moved to another disk) is followed.
+        lead out of the root, and whoever can create one can write the store's files anyway.
+        Such a link is not refused (reads, writes and deletes go through it, and a delete
+        leaves the link), but :meth:`list` does not descend into one below its prefix.
         """
         return self.root / check_key(key)
 

@@ -338,16 +338,21 @@ async def test_directory_unreplaced_temp_is_invisible(tmp_path: Path) -> None:
     assert await store.list("") == []
 
 
-async def test_directory_follows_a_prefix_an_operator_moved_by_symlink(tmp_path: Path) -> None:
-    """Keys are checked lexically, never resolved: a prefix moved to another disk behind a
-    symlink is read and written through it (and no key can name a path outside the root)."""
+async def test_directory_paths_are_never_resolved(tmp_path: Path) -> None:
+    """Keys are checked lexically, never resolved: no key names a path outside the root, and a
+    symlink inside the store is gone through by reads, writes and deletes (the link stays)."""
     elsewhere = tmp_path / "other-disk"
     elsewhere.mkdir()
     store = await DirectoryStore.open(tmp_path / "store")
-    (store.root / "renders").symlink_to(elsewhere, target_is_directory=True)
+    link = store.root / "renders"
+    link.symlink_to(elsewhere, target_is_directory=True)
     digest = await store.put("renders/j/a.png", b"image")
     assert (elsewhere / "j" / "a.png").read_bytes() == b"image"
     assert await store.get("renders/j/a.png", sha256=digest) == b"image"
+    assert [o.key for o in await store.list("renders/")] == ["renders/j/a.png"]
+    await store.delete("renders/j/a.png")
+    assert not await store.exists("renders/j/a.png")
+    assert link.is_symlink() and not (elsewhere / "j").exists()
     for bad in ("renders/../../x", "../other-disk/j/a.png", "/abs"):
         with pytest.raises(ValidationError):
             store.path_of(bad)
