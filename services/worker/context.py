@@ -13,7 +13,15 @@ import asyncio
 import contextlib
 import dataclasses
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable, Container, Iterable, Iterator, Mapping
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Container,
+    Iterable,
+    Iterator,
+    Mapping,
+)
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
@@ -52,6 +60,7 @@ __all__ = [
     "PassRates",
     "PointerStore",
     "Questions",
+    "Result",
     "RunCommits",
     "RunTurn",
     "RunTurns",
@@ -288,30 +297,47 @@ class JobMoves:
             done.set_result(None)
 
 
+Result = tuple[str, bytes, str]
+"""A tile result to write as an object: ``(key, bytes, sha256)``."""
+
+
 class RunCommits:
-    """The commits of one run's tiles, held until none of its tiles is still rendering.
+    """The results and commits of one run's tiles, held until none of its tiles is still
+    rendering.
 
     The tiles of a run (:mod:`services.worker.run`) render side by side, their passes' bands
     queued together, so they end within about a band of each other; but a commit is one round
     trip and the next tile ends tens of milliseconds later, so each went to PostgreSQL alone
     (one statement per tile) and each tile-done to NATS in a write of its own. Now a tile
-    rendered and written waits here (its heartbeat still renewing its lease) until every other
-    tile of its run is rendered too or has ended its steps some other way; then they all commit
-    in the same turn of the loop, and the store's group commit
-    (:class:`~shared.core.coalesce.Coalescer`) sends them as one statement. Each commit is
-    still fenced on its own row. The message was settled after the run's last tile anyway, so
-    nothing is acked later; a crash while tiles wait here loses their uncommitted results,
-    which the redelivered run renders again (crash point ``worker.after_run_rendered``).
+    rendered waits here (its heartbeat still renewing its lease) until every other tile of its
+    run is rendered too or has ended its steps some other way; then the run's results are
+    written in one call (:meth:`~shared.objectstore.ObjectStore.put_many`: the directory
+    store's one thread call, where each result was a hop to a thread and back of its own), and
+    they all commit in the same turn of the loop, the store's group commit
+    (:class:`~shared.core.coalesce.Coalescer`) sending them as one statement. Each commit is
+    still fenced on its own row and follows its own result's write. The message was settled
+    after the run's last tile anyway, so nothing is acked later; a crash while tiles wait here
+    loses their uncommitted results, which the redelivered run renders again (crash point
+    ``worker.after_run_rendered``: every result written, none committed). A write that fails
+    fails every tile of the run that had a result in it.
 
-    ``left`` is told of each tile once, as it stops rendering (:meth:`RunTurn.left`).
+    ``left`` is told of each tile once, as it stops rendering (:meth:`RunTurn.left`); ``write``
+    writes a batch of results (the worker: ``put_many`` not made durable, Worker flow step 6).
     """
 
-    def __init__(self, tiles: Iterable[int], left: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        tiles: Iterable[int],
+        left: Callable[[], None] | None = None,
+        write: Callable[[list[Result]], Awaitable[None]] | None = None,
+    ) -> None:
         #: tiles of the run neither rendered nor ended
         self._rendering = set(tiles)
         self._left = left
+        self._write = write
+        self._results: list[Result] = []
+        self._written: asyncio.Future[None] | None = None
         self._none_left = asyncio.Event()
-        self._opened = False
         self._check()
 
     def ended(self, tile_index: int) -> None:
@@ -322,14 +348,28 @@ class RunCommits:
                 self._left()
         self._check()
 
-    async def rendered(self, tile_index: int) -> None:
-        """The tile is rendered and its result written: returns once no tile of the run is
-        still rendering (at once for the last one)."""
+    async def rendered(self, tile_index: int, result: Result | None = None) -> None:
+        """The tile is rendered (``result``: its object to write, None for one kept inline):
+        returns once no tile of the run is still rendering and the run's results are written
+        (raises what the write raised)."""
+        if result is not None:
+            if self._write is None:
+                raise TypeError("RunCommits without write was handed a result")
+            if self._written is not None:  # (the run's write has begun: never commit unwritten)
+                await self._write([result])
+            else:
+                self._results.append(result)
         self.ended(tile_index)
         await self._none_left.wait()
-        if not self._opened:  # (the first tile through: every result written, none committed)
-            self._opened = True
-            crash.crash_point("worker.after_run_rendered")
+        if self._written is None:  # the first tile through writes for the run
+            self._written = asyncio.ensure_future(self._write_all())
+        await asyncio.shield(self._written)
+
+    async def _write_all(self) -> None:
+        results, self._results = self._results, []
+        if results and self._write is not None:
+            await self._write(results)
+        crash.crash_point("worker.after_run_rendered")
 
     def _check(self) -> None:
         if not self._rendering:

@@ -4,8 +4,9 @@ The dispatcher sends consecutive short tiles of a job released together as one m
 (:mod:`shared.core.runs`, docs/architecture.md "Runs of short tiles"). Each tile of a run is
 processed by its own :class:`~services.worker.tile.TileRun`, side by side, exactly as a message
 of its own would be — its own lease, fence, render, fenced commit and tile-done event — except
-that their commits wait for one another (:class:`~services.worker.context.RunCommits`: once none
-of the run's tiles is still rendering they go together, one statement) and
+that their result writes and commits wait for one another
+(:class:`~services.worker.context.RunCommits`: once none of the run's tiles is still rendering,
+their results are written in one call and their commits go together, one statement) and
 that none of them settles the message: their outcomes are combined
 (:func:`~shared.service.settle.combine`) and the message is settled once, after the last tile's
 outcome (crash point ``worker.before_run_settle``). Their heartbeats all extend the one
@@ -23,7 +24,7 @@ import asyncio
 from collections.abc import Callable
 
 from proto.messages import TileMessage
-from services.worker.context import RunCommits, RunTurn, TileContext
+from services.worker.context import Result, RunCommits, RunTurn, TileContext
 from services.worker.tile import TileRun
 from shared.core import crash
 from shared.core.errors import DecodeError
@@ -61,7 +62,11 @@ async def handle(
 async def _run(ctx: TileContext, delivery: Delivery, message: TileMessage, turn: RunTurn) -> None:
     """Every tile of the run side by side, then the message settled once; the turn is told of
     each tile as it stops rendering."""
-    commits = RunCommits(message.tiles, turn.left)
+
+    async def write(results: list[Result]) -> None:  # (not made durable: see TileRun._commit)
+        await ctx.store.put_many(results, durable=False)
+
+    commits = RunCommits(message.tiles, turn.left, write)
     runs = [TileRun(ctx, delivery, message.single(i), commits) for i in message.tiles]
     for r in runs:  # each tile's lines name the run its message carried
         r.log = r.log.bind(run=message.run, run_first=message.tile_index)

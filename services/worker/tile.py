@@ -356,13 +356,13 @@ class TileRun:
         sha = _sha256(data)
         inline = len(data) <= self.ctx.worker_config.inline_result_bytes
         key = None if inline else tile_result_key(job.job_id, tile.tile_index, sha)
-        if key is not None:
-            # Not fsynced: a result an OS crash loses fails its sha256 at finalization and is
-            # rendered again (docs/architecture.md, "Worker flow" step 6).
+        # Not fsynced: a result an OS crash loses fails its sha256 at finalization and is
+        # rendered again (docs/architecture.md, "Worker flow" step 6).
+        if self.commits is not None:  # with the run's other tiles, once none still renders
+            await self.commits.rendered(tile.tile_index, None if key is None else (key, data, sha))
+        elif key is not None:
             await self.ctx.store.put(key, data, durable=False, sha256=sha)
         crash.crash_point("worker.after_result_write")
-        if self.commits is not None:  # with the run's other tiles, once none still renders
-            await self.commits.rendered(tile.tile_index)
         if beat.lost.is_set():
             return Stopped(StopReason.LEASE_LOST, job.spp)  # like a loss between passes
         done = TileCommit(

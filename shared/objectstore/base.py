@@ -179,6 +179,24 @@ class ObjectStore(ABC):
                 raise got
         return answers
 
+    async def put_many(
+        self, items: Sequence[tuple[str, bytes, str]], *, durable: bool = True, in_flight: int = 16
+    ) -> None:
+        """Store each ``(key, data, sha256)`` as :meth:`put` stores it (``sha256``: the digest
+        of ``data`` its caller computed), at most ``in_flight`` requests at a time (a store may
+        write several objects in one request or thread call). Every put has ended, written or
+        failed, when this returns or raises; the first error is raised, and an object whose put
+        did not fail is written whatever happened to the others."""
+        for key, _, _ in items:
+            check_key(key)  # (a bad key refuses the call before any write starts)
+        gate = asyncio.Semaphore(in_flight)
+
+        async def one(key: str, data: bytes, sha256: str) -> str:
+            async with gate:
+                return await self.put(key, data, durable=durable, sha256=sha256)
+
+        settled(await gather_all(*(one(*item) for item in items)))
+
     @abstractmethod
     async def size(self, key: str) -> int:
         """Bytes of the object; :class:`NotFoundError` if absent."""

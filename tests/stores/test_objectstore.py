@@ -181,6 +181,50 @@ async def test_get_many_answers_each_object_as_get_does(store: ObjectStore, pref
         await store.get_many([(keys[0], None), ("../up", None)])
 
 
+async def test_put_many_stores_each_as_put_does(
+    store: ObjectStore, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Objects written together read back as each :meth:`put` would have written it (the
+    given digest used as is, not hashed again), replacing what was there; a bad key refuses
+    the whole call before anything is written."""
+    datas = [bytes([i]) * (50 + i) for i in range(20)]
+    keys = [f"{prefix}tiles/j/{i}/r.npy" for i in range(20)]
+    await store.put(keys[3], b"older object, replaced")
+    module = sys.modules[type(store).__module__]
+    monkeypatch.setattr(module, "sha256_hex", lambda b: pytest.fail("hashed again"))
+    items = [(k, d, hashlib.sha256(d).hexdigest()) for k, d in zip(keys, datas, strict=True)]
+    await store.put_many(items, durable=False, in_flight=3)
+    await store.put_many([])
+    monkeypatch.undo()
+    for key, data, digest in items:
+        assert await store.get(key, sha256=digest) == data
+    with pytest.raises(ValidationError):
+        await store.put_many([(prefix + "ok.npy", b"x", sha256_hex(b"x")), ("../up", b"y", "0")])
+    assert not await store.exists(prefix + "ok.npy"), "written before the bad key was seen"
+
+
+async def test_the_directory_store_writes_many_objects_in_one_thread_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's tile results: one hop to a thread for all of them, not one per object; an
+    ``OSError`` fails the call as it fails a :meth:`put`."""
+    store = await DirectoryStore.open(tmp_path / "objects")
+    calls: list[str] = []
+    real = asyncio.to_thread
+
+    async def counted(func: object, /, *args: object, **kwargs: object) -> object:
+        calls.append(getattr(func, "__name__", "?"))
+        return await real(func, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(asyncio, "to_thread", counted)
+    items = [(f"tiles/j/{i}/r.npy", bytes([i]) * 10, sha256_hex(bytes([i]) * 10)) for i in range(8)]
+    await store.put_many(items, durable=False)
+    assert calls == ["_put_files"]
+    (tmp_path / "objects" / "blocked").write_bytes(b"a file where a directory must go")
+    with pytest.raises(StoreUnavailable):
+        await store.put_many([("blocked/r.npy", b"x", sha256_hex(b"x"))])
+
+
 @pytest.mark.parametrize(
     ("cores", "count", "size"),
     [(2, 9, 5), (2, 64, 32), (2, 1, 4), (8, 40, 5), (1, 9, 9), (64, 64, 4), (1, 200, READ_CHUNK)],

@@ -18,7 +18,7 @@ from proto.messages import TileMessage, TilesDone
 from services.worker import run
 from services.worker.context import RunTurns
 from services.worker.tile import TileRun
-from shared.core.errors import DecodeError, RetryableError, TerminalError
+from shared.core.errors import DecodeError, RetryableError, StoreUnavailable, TerminalError
 from shared.core.lifecycle import TileState
 from shared.core.tiles import Accumulator
 from shared.metadata import AttemptOutcome, CommitOutcome, TileCommit
@@ -121,6 +121,69 @@ async def test_a_runs_tiles_commit_together_once_none_is_still_rendering(
     assert d.settled == "ack" and sorted(committed) == list(range(TILES))
     assert await _states(rig) == [TileState.DONE] * TILES
     assert rig.events.all_done != [], "the job's completion announced once they all committed"
+
+
+def _as_objects(rig: Rig) -> Rig:
+    """The rig with every result written as an object (its 8x8 results would go inline)."""
+    config = dataclasses.replace(rig.ctx.worker_config, inline_result_bytes=0)
+    return dataclasses.replace(rig, ctx=dataclasses.replace(rig.ctx, worker_config=config))
+
+
+async def test_a_runs_results_are_written_in_one_call_before_any_commit(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Worker flow step 6 for a run: once none of its tiles still renders, the run's results
+    are written in one call (not made durable), then committed; no result is written alone."""
+    rig = _as_objects(rig)
+    committed: list[int] = []
+    commit = rig.db.commit_tile
+
+    async def recorded(done: TileCommit) -> CommitOutcome:
+        committed.append(done.tile_index)
+        return await commit(done)
+
+    writes: list[tuple[list[str], list[int], bool]] = []
+    put_many = rig.ctx.store.put_many
+
+    async def many(items: list[tuple[str, bytes, str]], *, durable: bool = True) -> None:
+        writes.append((sorted(key for key, _, _ in items), list(committed), durable))
+        await put_many(items, durable=durable)
+
+    async def alone(*args: object, **kwargs: object) -> str:
+        raise AssertionError("a result of a run written alone")
+
+    monkeypatch.setattr(rig.db, "commit_tile", recorded)
+    monkeypatch.setattr(rig.ctx.store, "put_many", many)
+    monkeypatch.setattr(rig.ctx.store, "put", alone)
+    d = await _handle(rig, _run_of(rig))
+    assert d.settled == "ack" and sorted(committed) == list(range(TILES))
+    tiles = await rig.db.list_tiles(rig.job.job_id)
+    keys = sorted(t.result_key or "" for t in tiles)
+    assert writes == [(keys, [], False)], "one write of the four, before any commit"
+    monkeypatch.undo()
+    for t in tiles:
+        assert t.result_key is not None and t.result_sha256 is not None
+        assert await rig.ctx.store.get(t.result_key, sha256=t.result_sha256)
+
+
+async def test_a_failed_write_of_a_runs_results_commits_none_and_retries_the_run(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store is unavailable when the run's results are written: every tile fails as
+    retryable, nothing is committed, and the message comes back after its backoff."""
+    rig = _as_objects(rig)
+
+    async def down(items: list[tuple[str, bytes, str]], *, durable: bool = True) -> None:
+        raise StoreUnavailable("the object store went away")
+
+    monkeypatch.setattr(rig.ctx.store, "put_many", down)
+    d = await _handle(rig, _run_of(rig))
+    assert (d.settled, d.delay) == ("nak", 1.0), "backoff(base 1, no jitter) of the first try"
+    assert await _states(rig) == [TileState.FAILED_RETRYABLE] * TILES
+    attempts = await rig.db.attempts(rig.job.job_id)
+    assert sorted(a.tile_index or 0 for a in attempts) == list(range(TILES))
+    assert {a.outcome for a in attempts} == {AttemptOutcome.RETRYABLE}
+    assert rig.events.done == [] and rig.count("tessera_tiles_completed_total") == 0
 
 
 async def test_a_bug_in_one_tile_does_not_hold_the_runs_other_commits(
