@@ -51,8 +51,14 @@ CASES: dict[str, tuple[int, dict[str, str], dict[str, Any]]] = {
     # the tiny job's 4 tiles in one message (a run): every tile settled, the message not
     "worker.before_run_settle": (1, {"TESSERA_DISPATCH_RUN_WORK": "65536"}, {}),
     # the tiny job's 4 tiles in one run, every result written and none committed (the commits
-    # wait for the run's last render): the redelivered run renders all four again
-    "worker.after_run_rendered": (1, {"TESSERA_DISPATCH_RUN_WORK": "65536"}, {}),
+    # wait for the run's last render, the results for its one write): the redelivered run
+    # renders all four again. Results as objects (the tiny job's would go inline), so the kill
+    # follows the run's one write of four files.
+    "worker.after_run_rendered": (
+        1,
+        {"TESSERA_DISPATCH_RUN_WORK": "65536", "TESSERA_INLINE_RESULT_BYTES": "0"},
+        {},
+    ),
     # the tiny job widened to 6 tiles of 64 spp (long enough that the first two runs are still
     # rendering when the third arrives), in three runs of two, on one kernel thread (two turns)
     # holding three messages (a window of three a thread): the third run waits in hand for a
@@ -112,11 +118,13 @@ def test_every_point_has_a_scenario() -> None:
 #: points of a tile's own steps, reached again with the tiny job's 4 tiles in one message (a
 #: run): the first tile to get there kills the worker while the other three are mid-way (at
 #: ``worker.after_commit``: committed with it, the run's commits going together), and the
-#: redelivered run renders what is not done
+#: redelivered run renders what is not done; its results are objects (the tiny job's would go
+#: inline), written in the run's one call
 RUN_POINTS = ("worker.after_lease", "worker.after_result_write", "worker.after_commit",
               "worker.before_ack")  # fmt: skip
+RUN_ENV = {"TESSERA_DISPATCH_RUN_WORK": "65536", "TESSERA_INLINE_RESULT_BYTES": "0"}
 RUN_CASES = {
-    point: (nth, extra | {"TESSERA_DISPATCH_RUN_WORK": "65536"}, overrides)
+    point: (nth, extra | RUN_ENV, overrides)
     for point, (nth, extra, overrides) in CASES.items()
     if point in RUN_POINTS
 }
