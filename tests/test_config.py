@@ -114,6 +114,34 @@ def test_missing_variable_is_named() -> None:
 
 
 REPO = Path(__file__).resolve().parent.parent
+BOUNDED = [(g, f) for g, f in config._knobs() if f.metadata["max"] is not None]
+
+
+def test_every_default_is_within_its_knobs_bounds() -> None:
+    for _, f in config._knobs():
+        low, high = f.metadata["min"], f.metadata["max"]
+        assert low is None or f.default >= low, f.metadata["env"]
+        assert high is None or f.default <= high[0], f.metadata["env"]
+    assert {f.metadata["env"] for _, f in BOUNDED} >= {
+        "TESSERA_MALLOC_REUSE_BYTES",
+        "TESSERA_DISPATCH_RUN",
+        "TESSERA_RESULT_URL_TTL",
+    }
+
+
+@pytest.mark.parametrize(("group", "f"), BOUNDED, ids=lambda v: getattr(v, "name", v))
+def test_a_knobs_largest_value_is_taken_and_one_more_refused_saying_why(
+    group: str, f: dataclasses.Field[Any]
+) -> None:
+    """A knob with a largest value (``_knob(maximum=(value, why))``): that value is taken; one
+    more is refused naming the variable, the bound and why."""
+    most, why = f.metadata["max"]
+    name = f.metadata["env"]
+    s = Settings.from_env(BASE | {name: str(most), "TESSERA_NODE": "n"})
+    assert getattr(getattr(s, group), f.name) == most
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env(BASE | {name: str(most + 1), "TESSERA_NODE": "n"})
+    assert str(refused.value) == f"{name}={most + 1} must be at most {most} ({why})"
 
 
 def _other_value(f: dataclasses.Field[Any]) -> str:
@@ -124,10 +152,10 @@ def _other_value(f: dataclasses.Field[Any]) -> str:
     strings["default_tile"] = "64"
     strings |= {"host": "0.0.0.0", "token": "viewer:v-0123456789abcdef,operator-0123456789abcdef"}
     default: Any = f.default
-    if f.name == "malloc_reuse_bytes":  # (its default is its largest value)
-        return str(default // 2)
+    maximum = f.metadata["max"]
     if f.type == "int":
-        return str(default + 1)
+        above = maximum is not None and default + 1 > maximum[0]
+        return str(default // 2 if above else default + 1)  # (a default may be its largest)
     if f.type == "float":
         return str(default + 0.5)
     return strings[f.name]

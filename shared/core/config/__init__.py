@@ -35,7 +35,7 @@ from shared.core.config.common import (
     ProcessSettings,
 )
 from shared.core.config.knobs import MiB as MiB
-from shared.core.config.parse import MAX_URL_TTL as MAX_URL_TTL
+from shared.core.config.roles import MAX_URL_TTL as MAX_URL_TTL
 from shared.core.config.roles import (
     FinalizerSettings,
     GatewaySettings,

@@ -194,6 +194,7 @@ class ProcessSettings:
         "at most 33554432)",
         read_by="services",
         minimum=0,
+        maximum=(MAX_MALLOC_REUSE, "the largest mmap threshold glibc accepts"),
     )
     #: log level name
     log_level: str = _knob(

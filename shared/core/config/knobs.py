@@ -13,11 +13,20 @@ from typing import Any
 MiB = 1024 * 1024
 
 
-def _knob(default: Any, env: str, doc: str, *, read_by: str, minimum: float | None = None) -> Any:
+def _knob(
+    default: Any,
+    env: str,
+    doc: str,
+    *,
+    read_by: str,
+    minimum: float | None = None,
+    maximum: tuple[float, str] | None = None,
+) -> Any:
     """A settings field: ``default``, read from ``env``, documented by ``doc``.
 
     ``read_by`` names the processes that use it (the docs table's last column); ``minimum`` is
-    the least value ``from_env`` accepts for a number.
+    the least value ``from_env`` accepts for a number; ``maximum`` the largest, with why (said
+    in the error that refuses a larger one).
     """
-    meta = {"env": env, "doc": doc, "read_by": read_by, "min": minimum}
+    meta = {"env": env, "doc": doc, "read_by": read_by, "min": minimum, "max": maximum}
     return field(default=default, metadata=meta)

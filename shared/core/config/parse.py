@@ -1,4 +1,4 @@
-"""Reading and checking the environment: URLs, numbers with their minimum, cross-knob relations.
+"""Reading and checking the environment: URLs, numbers with their bounds, cross-knob relations.
 
 Every failure is a :class:`~shared.core.errors.ConfigError` naming the variable.
 """
@@ -10,17 +10,16 @@ import dataclasses
 import ipaddress
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
-from shared.core.config.common import MAX_MALLOC_REUSE, ObjectStoreSettings
+from shared.core.config.common import ObjectStoreSettings
 from shared.core.errors import ConfigError
-from shared.core.runs import MAX_RUN
 
 if TYPE_CHECKING:
     from shared.core.config.settings import Settings
 
-MAX_URL_TTL = 7 * 24 * 3600
+T = TypeVar("T", int, float)
 
 
 def _required(env: Mapping[str, str], name: str) -> str:
@@ -96,9 +95,9 @@ def _group(group: type[Any], env: Mapping[str, str]) -> Any:
             continue
         minimum = f.metadata["min"]
         if f.type == "int":
-            values[f.name] = _int(name, raw, int(minimum))
+            values[f.name] = _most(name, _int(name, raw, int(minimum)), f.metadata["max"])
         elif f.type == "float":
-            values[f.name] = _float(name, raw, float(minimum))
+            values[f.name] = _most(name, _float(name, raw, float(minimum)), f.metadata["max"])
         else:
             values[f.name] = raw
     return group(**values)
@@ -124,15 +123,19 @@ def _float(name: str, raw: str, minimum: float) -> float:
     return value
 
 
+def _most(name: str, value: T, maximum: tuple[float, str] | None) -> T:
+    """``value``, unless the knob has a largest value (``(maximum, why)``) and it exceeds it."""
+    if maximum is not None and value > maximum[0]:
+        most, why = maximum
+        shown = int(most) if float(most).is_integer() else most
+        raise ConfigError(f"{name}={value} must be at most {shown} ({why})")
+    return value
+
+
 def _check_relations(s: Settings) -> None:
-    """The checks that span knobs or need more than a minimum: the clocks, the names, the bounds."""
+    """The checks that span knobs or need more than their bounds: the clocks, the names."""
     _check_clocks(s)
     _check_names(s)
-    if s.process.malloc_reuse_bytes > MAX_MALLOC_REUSE:
-        raise ConfigError(
-            f"TESSERA_MALLOC_REUSE_BYTES={s.process.malloc_reuse_bytes} must be at most "
-            f"{MAX_MALLOC_REUSE} (the largest mmap threshold glibc accepts)"
-        )
 
 
 def _check_clocks(s: Settings) -> None:
@@ -155,16 +158,6 @@ def _check_clocks(s: Settings) -> None:
         )
     if delivery.retry_cap < delivery.retry_base:
         raise ConfigError(f"TESSERA_RETRY_CAP={delivery.retry_cap} must be >= TESSERA_RETRY_BASE")
-    if s.scheduler.dispatch_run > MAX_RUN:
-        raise ConfigError(
-            f"TESSERA_DISPATCH_RUN={s.scheduler.dispatch_run} must be at most {MAX_RUN} (the most "
-            "tiles a TILES message may carry)"
-        )
-    if s.gateway.result_url_ttl > MAX_URL_TTL:
-        raise ConfigError(
-            f"TESSERA_RESULT_URL_TTL={s.gateway.result_url_ttl} must be at most {MAX_URL_TTL} "
-            "(7 days, the longest an S3 signature is valid)"
-        )
 
 
 def _check_names(s: Settings) -> None:

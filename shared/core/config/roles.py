@@ -6,6 +6,10 @@ import os
 from dataclasses import dataclass
 
 from shared.core.config.knobs import MiB, _knob
+from shared.core.runs import MAX_RUN
+
+MAX_URL_TTL = 7 * 24 * 3600
+"""Longest lifetime of a presigned result URL, in seconds: an S3 signature's longest."""
 
 
 @dataclass(frozen=True)
@@ -270,6 +274,7 @@ class SchedulerSettings:
         "own message)",
         read_by="scheduler",
         minimum=1,
+        maximum=(MAX_RUN, "the most tiles a TILES message may carry"),
     )
     #: pixel-samples (tile pixels x spp) a run covers at most: only short tiles are grouped
     dispatch_run_work: int = _knob(
@@ -402,6 +407,7 @@ class GatewaySettings:
         "most 7 days; anyone holding the URL can download the image until then",
         read_by="gateway",
         minimum=1,
+        maximum=(MAX_URL_TTL, "7 days, the longest an S3 signature is valid"),
     )
 
 
