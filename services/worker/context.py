@@ -319,7 +319,8 @@ class RunCommits:
     after the run's last tile anyway, so nothing is acked later; a crash while tiles wait here
     loses their uncommitted results, which the redelivered run renders again (crash point
     ``worker.after_run_rendered``: every result written, none committed). A write that fails
-    fails every tile of the run that had a result in it.
+    fails every tile of the run that had a result in it; a tile whose result is kept inline
+    (nothing of it in the write) waits for the write all the same, then commits.
 
     ``left`` is told of each tile once, as it stops rendering (:meth:`RunTurn.left`); ``write``
     writes a batch of results (the worker: ``put_many`` not made durable, Worker flow step 6).
@@ -363,7 +364,14 @@ class RunCommits:
         await self._none_left.wait()
         if self._written is None:  # the first tile through writes for the run
             self._written = asyncio.ensure_future(self._write_all())
-        await asyncio.shield(self._written)
+            # (its error is read here too: every waiting tile may have been cancelled)
+            self._written.add_done_callback(_retrieved)
+        try:
+            await asyncio.shield(self._written)
+        except Exception:
+            if result is not None:
+                raise
+            # kept inline, nothing of it in the write: it commits whatever became of the others
 
     async def _write_all(self) -> None:
         results, self._results = self._results, []
@@ -374,6 +382,12 @@ class RunCommits:
     def _check(self) -> None:
         if not self._rendering:
             self._none_left.set()
+
+
+def _retrieved(done: asyncio.Future[None]) -> None:
+    """Mark a finished write's error as read (no "exception was never retrieved")."""
+    if not done.cancelled():
+        done.exception()
 
 
 class RunTurn:

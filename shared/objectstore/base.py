@@ -122,6 +122,11 @@ def settled(results: Iterable[T | BaseException]) -> builtins.list[T]:
     return out
 
 
+def check_in_flight(in_flight: int) -> None:
+    if in_flight < 1:  # (a semaphore of 0 would never let a request through)
+        raise ValueError(f"in_flight={in_flight} must be >= 1")
+
+
 class ObjectStore(ABC):
     """Whole-object storage: every ``put`` is atomic, every key is built by :mod:`.keys`.
 
@@ -160,6 +165,7 @@ class ObjectStore(ABC):
         other error raises: the store is unavailable). At most ``in_flight`` requests at a
         time (a store may read several objects in one request).
         """
+        check_in_flight(in_flight)
         for key, _ in items:
             check_key(key)  # (a bad key refuses the call before any request starts)
         gate = asyncio.Semaphore(in_flight)
@@ -184,9 +190,10 @@ class ObjectStore(ABC):
     ) -> None:
         """Store each ``(key, data, sha256)`` as :meth:`put` stores it (``sha256``: the digest
         of ``data`` its caller computed), at most ``in_flight`` requests at a time (a store may
-        write several objects in one request or thread call). Every put has ended, written or
-        failed, when this returns or raises; the first error is raised, and an object whose put
-        did not fail is written whatever happened to the others."""
+        write several objects in one request or thread call). Nothing is being written when this
+        returns or raises; the first error is raised, and which of the other objects were
+        written is then not said (a store may stop at its first failure)."""
+        check_in_flight(in_flight)
         for key, _, _ in items:
             check_key(key)  # (a bad key refuses the call before any write starts)
         gate = asyncio.Semaphore(in_flight)

@@ -32,6 +32,7 @@ from shared.objectstore.base import (
     CorruptObject,
     ObjectInfo,
     ObjectStore,
+    check_in_flight,
     check_key,
     check_prefix,
     gather_all,
@@ -101,7 +102,9 @@ class DirectoryStore(ObjectStore):
         """:meth:`ObjectStore.put_many` in one thread call, the files written one after the
         other: a hop to a thread and back per object cost the event loop more than writing a
         tile's result to the page cache (the results of a run of tiles, issue 19). An
-        ``OSError`` fails the call; the objects written before it stay written."""
+        ``OSError`` fails the call: the objects written before it stay written, the rest are
+        not written."""
+        check_in_flight(in_flight)
         files = [(self.path_of(key), bytes(data)) for key, data, _ in items]
         if not files:
             return
@@ -128,6 +131,7 @@ class DirectoryStore(ObjectStore):
             self.path_of(key)  # (a bad key refuses the call before any read starts)
         size = _chunk_size(len(items))
         chunks = [items[i : i + size] for i in range(0, len(items), size)]
+        check_in_flight(in_flight)
         gate = asyncio.Semaphore(in_flight)
 
         async def chunk(part: Sequence[tuple[str, str | None]]) -> _Read:

@@ -201,6 +201,11 @@ async def test_put_many_stores_each_as_put_does(
     with pytest.raises(ValidationError):
         await store.put_many([(prefix + "ok.npy", b"x", sha256_hex(b"x")), ("../up", b"y", "0")])
     assert not await store.exists(prefix + "ok.npy"), "written before the bad key was seen"
+    for bad in (0, -1):  # (a semaphore of 0 would wait forever)
+        with pytest.raises(ValueError, match="in_flight"):
+            await store.put_many(items, in_flight=bad)
+        with pytest.raises(ValueError, match="in_flight"):
+            await store.get_many([(keys[0], None)], in_flight=bad)
 
 
 async def test_the_directory_store_writes_many_objects_in_one_thread_call(

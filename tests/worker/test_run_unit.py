@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from kernel.rect import Rect
 from proto import names as n
 from proto.messages import TileMessage, TilesDone
 from services.worker import run
-from services.worker.context import RunTurns
+from services.worker.context import Result, RunCommits, RunTurns
 from services.worker.tile import TileRun
 from shared.core.errors import DecodeError, RetryableError, StoreUnavailable, TerminalError
 from shared.core.lifecycle import TileState
@@ -184,6 +185,58 @@ async def test_a_failed_write_of_a_runs_results_commits_none_and_retries_the_run
     assert sorted(a.tile_index or 0 for a in attempts) == list(range(TILES))
     assert {a.outcome for a in attempts} == {AttemptOutcome.RETRYABLE}
     assert rig.events.done == [] and rig.count("tessera_tiles_completed_total") == 0
+
+
+async def test_a_tile_kept_inline_commits_whatever_became_of_the_runs_write() -> None:
+    """A run's write fails: the tile whose result was in it fails with that error; a tile whose
+    result is kept inline (nothing of it in the write) waited for the write, then goes on."""
+
+    async def down(results: list[Result]) -> None:
+        raise StoreUnavailable("the object store went away")
+
+    commits = RunCommits([0, 1], write=down)
+    written = asyncio.create_task(commits.rendered(0, ("tiles/j/0/r.npy", b"r", "0" * 64)))
+    inline = asyncio.create_task(commits.rendered(1))
+    await asyncio.wait_for(inline, 10)
+    with pytest.raises(StoreUnavailable):
+        await asyncio.wait_for(written, 10)
+
+
+async def test_a_failed_write_is_read_when_every_tile_waiting_for_it_was_cancelled() -> None:
+    """A drain cancels every tile of a run while its write is under way, and the write then
+    fails: the error is read (asyncio reports no "exception was never retrieved")."""
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, object]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    started, go = asyncio.Event(), asyncio.Event()
+
+    async def slow_then_down(results: list[Result]) -> None:
+        started.set()
+        await go.wait()
+        raise StoreUnavailable("the object store went away")
+
+    try:
+        commits = RunCommits([0, 1], write=slow_then_down)
+        tiles = [
+            asyncio.create_task(commits.rendered(i, (f"tiles/j/{i}/r.npy", b"r", "0" * 64)))
+            for i in (0, 1)
+        ]
+        await asyncio.wait_for(started.wait(), 10)
+        for tile in tiles:
+            tile.cancel()
+        await asyncio.wait(tiles, timeout=10)
+        assert all(tile.cancelled() for tile in tiles)
+        write = commits._written
+        assert write is not None
+        go.set()
+        await asyncio.wait([write], timeout=10)  # (waits without reading its error)
+        assert write.done()
+        del commits, write, tiles
+        gc.collect()
+    finally:
+        loop.set_exception_handler(previous)
+    assert reported == []
 
 
 async def test_a_bug_in_one_tile_does_not_hold_the_runs_other_commits(
