@@ -191,7 +191,7 @@ class ProcessSettings:
         "TESSERA_MALLOC_REUSE_BYTES",
         "allocations below this size reuse memory freed earlier instead of fresh pages, and up "
         "to twice it stays free in the process for that (glibc; 0: the C library's defaults; "
-        "at most 33554432)",
+        f"at most {MAX_MALLOC_REUSE})",
         read_by="services",
         minimum=0,
         maximum=(MAX_MALLOC_REUSE, "the largest mmap threshold glibc accepts"),

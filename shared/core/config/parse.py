@@ -127,8 +127,7 @@ def _most(name: str, value: T, maximum: tuple[float, str] | None) -> T:
     """``value``, unless the knob has a largest value (``(maximum, why)``) and it exceeds it."""
     if maximum is not None and value > maximum[0]:
         most, why = maximum
-        shown = int(most) if float(most).is_integer() else most
-        raise ConfigError(f"{name}={value} must be at most {shown} ({why})")
+        raise ConfigError(f"{name}={value} must be at most {most} ({why})")
     return value
 
 
