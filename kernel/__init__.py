@@ -9,7 +9,7 @@ The names below are loaded on first use, each from its own module, so ``import k
 nothing and the scene format (:mod:`kernel.scene`, :mod:`kernel.builtin`,
 :func:`kernel.loader.read_scene_file`) is usable without numpy or numba: the client-only install
 (``pip install tessera``, without the ``render`` extra) reads scene files with it. Validation and
-hashing need numpy; preparing and rendering need numba; the image encoders need numpy and Pillow.
+hashing need numpy; preparing and rendering need numba; the image encoders need numpy and isal.
 A service that renders imports its kernel module at start-up (``import kernel.render``), so the
 first tile does not pay for loading numba.
 """

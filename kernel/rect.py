@@ -1,6 +1,6 @@
 """The one pixel rectangle of Tessera: a tile, a band of a tile, or the whole frame.
 
-It lives in the kernel, which imports nothing of Tessera (only numpy, numba and Pillow, and this
+It lives in the kernel, which imports nothing of Tessera (only numpy, numba and isal, and this
 module imports nothing at all), so the kernel, the tile helpers (:mod:`shared.core.tiles`), the
 metadata rows (:class:`shared.metadata.Tile`) and the services all use this one type, and a
 client-only install (no numpy) can import it too.

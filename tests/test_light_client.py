@@ -53,7 +53,17 @@ CLIENT_ARGV = (
     ["dlq", "purge", "--all"],
 )
 #: What the client must not import (and the render extra brings).
-RENDER_STACK = {"numba", "llvmlite", "numpy", "PIL", "asyncpg", "aioboto3", "botocore", "uvloop"}
+RENDER_STACK = {
+    "numba",
+    "llvmlite",
+    "numpy",
+    "PIL",
+    "isal",
+    "asyncpg",
+    "aioboto3",
+    "botocore",
+    "uvloop",
+}
 OBJ = "v 0 0 0\nv 1 0 0\nv 1 1 0\nf 1 2 3\n"
 
 

@@ -36,7 +36,7 @@ RENDER_INSTALL = "pip install 'tessera[render]'"
 #: Top-level modules of the ``render`` extra's packages (and of what they pull in): a missing
 #: one means a client-only install, not a bug.
 RENDER_MODULES = frozenset(
-    {"numba", "llvmlite", "numpy", "PIL", "asyncpg", "aioboto3", "aiobotocore", "boto3"}
+    {"numba", "llvmlite", "numpy", "PIL", "isal", "asyncpg", "aioboto3", "aiobotocore", "boto3"}
     | {"botocore", "uvloop", "prometheus_client", "OpenEXR", "Imath", "jinja2", "markupsafe"}
 )
 EXIT_USAGE = 2

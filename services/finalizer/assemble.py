@@ -21,7 +21,7 @@ import numpy as np
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-import kernel.image  # numpy and Pillow load at start-up, not in the first finalization
+import kernel.image  # numpy and isal load at start-up, not in the first finalization
 from kernel.rect import Rect
 from proto import names as n
 from proto.messages import JobEvent, TileDone, TilesDone

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import struct
+import zlib
+from typing import Any
 
 import numpy as np
 import pytest
@@ -123,3 +126,69 @@ def test_tiles_converted_apart_and_placed_are_the_frames_bytes(display_referred:
     assert kernel.float_npy(mean) == flt
     np.testing.assert_array_equal(image, whole)
     assert encode(image) == encode(whole)
+
+
+@pytest.mark.parametrize("depth", [8, 16])
+def test_png_is_checked_chunks_of_up_filtered_rows_that_zlib_reads(depth: int) -> None:
+    """The writer's file read back with the standard library alone: the signature, exactly
+    IHDR/IDAT/IEND with zlib's CRC of each, the header's size and depth, and rows that zlib
+    inflates, all unfiltered or all with filter 2 (Up), undoing to the image. A frame 1 row
+    high has no row above its first."""
+    rng = np.random.default_rng(depth)
+    for shape in ((37, 23, 3), (1, 5, 3)):
+        if depth == 8:
+            image = rng.integers(0, 256, shape, dtype=np.uint8)
+            png = kernel.png_of(image)
+        else:
+            image = rng.integers(0, 65536, shape, dtype=np.uint16)
+            png = kernel.png16_of(image)
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        chunks, at = [], 8
+        while at < len(png):
+            (size,) = struct.unpack(">I", png[at : at + 4])
+            kind, data = png[at + 4 : at + 8], png[at + 8 : at + 8 + size]
+            (crc,) = struct.unpack(">I", png[at + 8 + size : at + 12 + size])
+            assert crc == zlib.crc32(kind + data), kind
+            chunks.append((kind, data))
+            at += 12 + size
+        assert [kind for kind, _ in chunks] == [b"IHDR", b"IDAT", b"IEND"]
+        h, w = shape[:2]
+        assert struct.unpack(">IIBBBBB", chunks[0][1]) == (w, h, depth, 2, 0, 0, 0)
+        raw = np.frombuffer(zlib.decompress(chunks[1][1]), dtype=np.uint8).reshape(h, -1)
+        assert raw[0, 0] in (0, 2) and (raw[:, 0] == raw[0, 0]).all()
+        rows = raw[:, 1:]
+        if raw[0, 0] == 2:
+            rows = np.cumsum(rows, axis=0, dtype=np.uint8)  # Up undone: modulo 256
+        big_endian = np.dtype(image.dtype).newbyteorder(">")
+        np.testing.assert_array_equal(rows.view(big_endian).reshape(shape), image)
+
+
+def test_png_writers_refuse_what_they_cannot_write() -> None:
+    with pytest.raises(
+        ValueError, match=r"expected a uint8 \(height, width, 3\) image, got float64"
+    ):
+        kernel.png_of(np.zeros((2, 2, 3)))
+    with pytest.raises(ValueError, match=r"expected a uint16 .* got uint8"):
+        kernel.png16_of(np.zeros((2, 2, 3), dtype=np.uint8))
+    with pytest.raises(ValueError, match=r"got uint8 \(2, 2\)"):
+        kernel.png_of(np.zeros((2, 2), dtype=np.uint8))
+    with pytest.raises(ValueError, match=r"got uint8 \(0, 2, 3\)"):
+        kernel.png_of(np.zeros((0, 2, 3), dtype=np.uint8))
+
+
+@pytest.mark.parametrize("encode", [kernel.png_of, kernel.png16_of])
+def test_png_keeps_the_shorter_of_unfiltered_and_up_filtered_rows(encode: Any) -> None:
+    """A sparse frame (a few bright pixels on black, like a render of 1 sample) is shorter
+    unfiltered: ``Up`` writes each pixel twice, once minus the row above. A smooth vertical
+    gradient is shorter filtered: every row then is the same small step."""
+    dtype = np.uint8 if encode is kernel.png_of else np.uint16
+    top = np.iinfo(dtype).max
+    rng = np.random.default_rng(3)
+    sparse = np.zeros((64, 64, 3), dtype=dtype)
+    sparse[rng.integers(0, 64, 40), rng.integers(0, 64, 40)] = top
+    gradient = np.repeat(np.linspace(0, top, 64, dtype=dtype)[:, None], 64, axis=1)
+    smooth = np.repeat(gradient[:, :, None], 3, axis=2) ^ rng.integers(0, 2, (1, 64, 3), dtype)
+    for image, kept in ((sparse, 0), (smooth, 2)):
+        png = encode(image)
+        (size,) = struct.unpack(">I", png[33:37])  # the IDAT after the signature and IHDR
+        assert png[37:41] == b"IDAT" and zlib.decompress(png[41 : 41 + size])[0] == kept
