@@ -42,6 +42,7 @@ api-docs: $(VENV)/.installed-dev
 
 bench: $(VENV)/.installed-dev
 	$(BIN)/python -m bench.kernel
+	$(BIN)/python -m bench.png
 	$(BIN)/python -m bench.pipeline
 	$(BIN)/python -m bench.sweeper
 
