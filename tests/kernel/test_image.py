@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import struct
 import zlib
-from typing import Any
 
 import numpy as np
 import pytest
@@ -128,39 +127,54 @@ def test_tiles_converted_apart_and_placed_are_the_frames_bytes(display_referred:
     assert encode(image) == encode(whole)
 
 
+def _read_png(png: bytes) -> tuple[int, int, np.ndarray]:
+    """A writer's file read with the standard library alone: checks the signature, exactly
+    IHDR/IDAT/IEND and zlib's CRC of each; returns the bit depth, the one filter type of
+    every row, and the rows undone (big-endian samples as bytes, one row per line)."""
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    chunks, at = [], 8
+    while at < len(png):
+        (size,) = struct.unpack(">I", png[at : at + 4])
+        kind, data = png[at + 4 : at + 8], png[at + 8 : at + 8 + size]
+        (crc,) = struct.unpack(">I", png[at + 8 + size : at + 12 + size])
+        assert crc == zlib.crc32(kind + data), kind
+        chunks.append((kind, data))
+        at += 12 + size
+    assert [kind for kind, _ in chunks] == [b"IHDR", b"IDAT", b"IEND"]
+    w, h, depth, colour, *rest = struct.unpack(">IIBBBBB", chunks[0][1])
+    assert colour == 2 and rest == [0, 0, 0] and depth in (8, 16)
+    raw = np.frombuffer(zlib.decompress(chunks[1][1]), dtype=np.uint8).reshape(h, -1)
+    assert raw.shape[1] == 1 + w * 3 * depth // 8
+    kept = int(raw[0, 0])
+    assert kept in (0, 2) and (raw[:, 0] == kept).all()
+    rows = raw[:, 1:]
+    if kept == 2:
+        rows = np.cumsum(rows, axis=0, dtype=np.uint8)  # Up undone: modulo 256
+    return depth, kept, rows
+
+
 @pytest.mark.parametrize("depth", [8, 16])
-def test_png_is_checked_chunks_of_up_filtered_rows_that_zlib_reads(depth: int) -> None:
-    """The writer's file read back with the standard library alone: the signature, exactly
-    IHDR/IDAT/IEND with zlib's CRC of each, the header's size and depth, and rows that zlib
-    inflates, all unfiltered or all with filter 2 (Up), undoing to the image. A frame 1 row
-    high has no row above its first."""
+def test_png_keeps_the_shorter_rows_and_they_undo_to_the_image(depth: int) -> None:
+    """The rows are deflated unfiltered and with ``Up`` on every row, and the shorter is kept:
+    noise (and a frame 1 row high, a tie) unfiltered, a smooth vertical gradient (every row
+    the same small step from the one above) filtered. Each file, read back with zlib alone,
+    undoes to the image; so do views that are not C-contiguous and, at 16 bits, big-endian
+    samples."""
+    dtype = np.uint8 if depth == 8 else np.uint16
+    encode = kernel.png_of if depth == 8 else kernel.png16_of
+    top = np.iinfo(dtype).max
     rng = np.random.default_rng(depth)
-    for shape in ((37, 23, 3), (1, 5, 3)):
-        if depth == 8:
-            image = rng.integers(0, 256, shape, dtype=np.uint8)
-            png = kernel.png_of(image)
-        else:
-            image = rng.integers(0, 65536, shape, dtype=np.uint16)
-            png = kernel.png16_of(image)
-        assert png[:8] == b"\x89PNG\r\n\x1a\n"
-        chunks, at = [], 8
-        while at < len(png):
-            (size,) = struct.unpack(">I", png[at : at + 4])
-            kind, data = png[at + 4 : at + 8], png[at + 8 : at + 8 + size]
-            (crc,) = struct.unpack(">I", png[at + 8 + size : at + 12 + size])
-            assert crc == zlib.crc32(kind + data), kind
-            chunks.append((kind, data))
-            at += 12 + size
-        assert [kind for kind, _ in chunks] == [b"IHDR", b"IDAT", b"IEND"]
-        h, w = shape[:2]
-        assert struct.unpack(">IIBBBBB", chunks[0][1]) == (w, h, depth, 2, 0, 0, 0)
-        raw = np.frombuffer(zlib.decompress(chunks[1][1]), dtype=np.uint8).reshape(h, -1)
-        assert raw[0, 0] in (0, 2) and (raw[:, 0] == raw[0, 0]).all()
-        rows = raw[:, 1:]
-        if raw[0, 0] == 2:
-            rows = np.cumsum(rows, axis=0, dtype=np.uint8)  # Up undone: modulo 256
-        big_endian = np.dtype(image.dtype).newbyteorder(">")
-        np.testing.assert_array_equal(rows.view(big_endian).reshape(shape), image)
+    noise = rng.integers(0, top, (37, 23, 3), dtype=dtype, endpoint=True)
+    column = np.linspace(0, top, 64, dtype=dtype)[:, None, None]
+    smooth = (column + np.zeros((64, 48, 3), dtype)) ^ rng.integers(0, 2, (1, 48, 3), dtype)
+    cases = [(noise, 0), (noise[:1], 0), (smooth, 2), (smooth[:, ::2], 2), (smooth.T.T, 2)]
+    if depth == 16:
+        cases.append((smooth.astype(">u2"), 2))
+    for image, kept in cases:
+        got_depth, got_kept, rows = _read_png(encode(image))
+        assert (got_depth, got_kept) == (depth, kept)
+        big_endian = np.dtype(dtype).newbyteorder(">")
+        np.testing.assert_array_equal(rows.view(big_endian).reshape(image.shape), image)
 
 
 def test_png_writers_refuse_what_they_cannot_write() -> None:
@@ -170,25 +184,9 @@ def test_png_writers_refuse_what_they_cannot_write() -> None:
         kernel.png_of(np.zeros((2, 2, 3)))
     with pytest.raises(ValueError, match=r"expected a uint16 .* got uint8"):
         kernel.png16_of(np.zeros((2, 2, 3), dtype=np.uint8))
+    with pytest.raises(ValueError, match=r"expected a uint16 .* got int16"):
+        kernel.png16_of(np.zeros((2, 2, 3), dtype=np.int16))
     with pytest.raises(ValueError, match=r"got uint8 \(2, 2\)"):
         kernel.png_of(np.zeros((2, 2), dtype=np.uint8))
     with pytest.raises(ValueError, match=r"got uint8 \(0, 2, 3\)"):
         kernel.png_of(np.zeros((0, 2, 3), dtype=np.uint8))
-
-
-@pytest.mark.parametrize("encode", [kernel.png_of, kernel.png16_of])
-def test_png_keeps_the_shorter_of_unfiltered_and_up_filtered_rows(encode: Any) -> None:
-    """A sparse frame (a few bright pixels on black, like a render of 1 sample) is shorter
-    unfiltered: ``Up`` writes each pixel twice, once minus the row above. A smooth vertical
-    gradient is shorter filtered: every row then is the same small step."""
-    dtype = np.uint8 if encode is kernel.png_of else np.uint16
-    top = np.iinfo(dtype).max
-    rng = np.random.default_rng(3)
-    sparse = np.zeros((64, 64, 3), dtype=dtype)
-    sparse[rng.integers(0, 64, 40), rng.integers(0, 64, 40)] = top
-    gradient = np.repeat(np.linspace(0, top, 64, dtype=dtype)[:, None], 64, axis=1)
-    smooth = np.repeat(gradient[:, :, None], 3, axis=2) ^ rng.integers(0, 2, (1, 64, 3), dtype)
-    for image, kept in ((sparse, 0), (smooth, 2)):
-        png = encode(image)
-        (size,) = struct.unpack(">I", png[33:37])  # the IDAT after the signature and IHDR
-        assert png[37:41] == b"IDAT" and zlib.decompress(png[41 : 41 + size])[0] == kept
