@@ -160,9 +160,12 @@ async def test_watchdog_kills_the_process_group(demo_blend: Path) -> None:
         long = BlenderScene(path=demo_blend, frame=1, width=W, height=H, spp=1_000_000)
         task = asyncio.ensure_future(renderer.render(long, rect, 0, 1_000_000, zeros_for(rect)))
         pid = await eventually(lambda: renderer.slots[0].pid, what="blender started")
+        tmp = renderer.slots[0].tmp
+        assert tmp is not None and tmp.exists()
         with pytest.raises(RendererTimeout):
             await task
         assert group_members(pid) == []
+        assert renderer.slots[0].tmp is None and not tmp.exists()  # the process's TMPDIR went
     finally:
         await renderer.close()
 
@@ -183,7 +186,34 @@ async def test_the_scratch_directory_is_made_on_the_first_pass_and_removed_by_cl
         await renderer.render(scene(demo_blend), rect, 0, 4, zeros_for(rect))
         made = _entries(tmp_path)
         assert [name.startswith("tessera-blender-") for name in made] == [True]
-        assert _entries(tmp_path / made[0]) == []  # the pass's EXR read and removed
+        # the pass's EXR read and removed; the live process's TMPDIR is all that is left
+        assert _entries(tmp_path / made[0]) == [renderer.slots[0].tmp.name]  # type: ignore[union-attr]
+    finally:
+        await renderer.close()
+    assert _entries(tmp_path) == []
+
+
+async def test_a_killed_blender_leaves_no_temporary_directory(
+    demo_blend: Path, tmp_path: Path
+) -> None:
+    """Blender makes ``blender_XXXXXX`` under its ``TMPDIR`` and removes it only when it exits by
+    itself. Each process's ``TMPDIR`` is a directory of its own in the scratch directory, and
+    goes with the process: killed (a cancel, a pause, a lost lease), nothing of it is left, in
+    the scratch directory or in the machine's /tmp (the watchdog's kill: the test above)."""
+    require("blender")
+    renderer = BlenderRenderer(slots=1, watchdog=120.0, workdir=tmp_path)
+    slot = renderer.slots[0]
+    try:
+        rect = Rect(0, 0, 16, 16)
+        await renderer.render(scene(demo_blend), rect, 0, 2, zeros_for(rect))
+        first = slot.tmp
+        assert first is not None and first.parent == renderer.scratch.path()
+        assert [name.startswith("blender_") for name in _entries(first)] == [True]
+        await renderer.kill_all()  # what a cancel or a lost lease does
+        assert slot.tmp is None and not first.exists()
+        assert _entries(renderer.scratch.path()) == []
+        await renderer.render(scene(demo_blend), rect, 2, 4, zeros_for(rect))
+        assert slot.tmp is not None and slot.tmp != first  # a fresh process, a fresh TMPDIR
     finally:
         await renderer.close()
     assert _entries(tmp_path) == []

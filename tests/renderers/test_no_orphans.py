@@ -30,9 +30,11 @@ def gone(pid: int) -> bool:
     return group_members(pid) == []
 
 
-def test_crash_inside_a_blender_pass_kills_blender(demo_blend: Path) -> None:
+def test_crash_inside_a_blender_pass_kills_blender(demo_blend: Path, tmp_path: Path) -> None:
     require("blender")
-    worker = standin("blender", demo_blend, {"TESSERA_CRASH_AT": "worker.blender_mid_pass:2"})
+    # (the killed stand-in's Blender scratch directory is left behind: under the test's directory)
+    env = {"TESSERA_CRASH_AT": "worker.blender_mid_pass:2", "TMPDIR": str(tmp_path)}
+    worker = standin("blender", demo_blend, env)
     try:
         assert worker.stdout is not None
         line = worker.stdout.readline()

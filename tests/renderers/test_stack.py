@@ -222,13 +222,20 @@ async def test_a_cancel_or_pause_kills_a_povray_pass_mid_way(
 
 
 async def test_a_worker_sigkilled_inside_a_blender_pass_leaves_no_blender(
-    stack: Stack, demo_blend: Path, blender: BlenderRenderer
+    stack: Stack, demo_blend: Path, blender: BlenderRenderer, tmp_path: Path
 ) -> None:
     """Crash point ``worker.blender_mid_pass`` (the chaos suite's renderer case): the worker dies
     by SIGKILL while its Blender renders; the kernel kills Blender (parent-death signal), the
-    lease expires and a second worker finishes every tile, bit-identical."""
+    lease expires and a second worker finishes every tile, bit-identical. The killed worker's
+    scratch directory outlives it (nothing ran its cleanup): its temporary files go under the
+    test's directory, not the machine's ``/tmp``."""
+    scratch = tmp_path / "worker-1-tmp"
+    scratch.mkdir()
     worker = stack.worker(
-        "worker-1", TESSERA_RENDERERS="blender", TESSERA_CRASH_AT="worker.blender_mid_pass:3"
+        "worker-1",
+        TESSERA_RENDERERS="blender",
+        TESSERA_CRASH_AT="worker.blender_mid_pass:3",
+        TMPDIR=str(scratch),
     )
     job_id = await submit_asset_job(stack.client, demo_blend, "blender", **BLEND_JOB)
     seen: set[int] = set()
@@ -242,6 +249,7 @@ async def test_a_worker_sigkilled_inside_a_blender_pass_leaves_no_blender(
     log = stack.procs.procs["worker-1"].log_since_start()
     assert "crash point worker.blender_mid_pass reached" in log, log[-2000:]
     assert seen, "worker-1's Blender was seen while it rendered"
+    assert [d.name.startswith("tessera-blender-") for d in scratch.iterdir()] == [True]
     await eventually(
         lambda: all(group_members(p) == [] for p in seen),
         what=f"blender {sorted(seen)} gone with its worker",

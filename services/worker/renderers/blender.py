@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -137,6 +138,8 @@ class BlenderSlot:
         self.tail: StderrTail | None = None
         #: the file the process has open (set after a successful pass)
         self.loaded: Path | None = None
+        #: the process's ``TMPDIR``, inside the scratch directory (see :meth:`_start`)
+        self.tmp: Path | None = None
         self._lock = asyncio.Lock()
 
     @property
@@ -145,8 +148,19 @@ class BlenderSlot:
         return self.proc.pid if self.proc is not None and self.proc.returncode is None else None
 
     async def _start(self) -> None:
+        # Blender makes its own temporary directory (``blender_XXXXXX``) under ``TMPDIR`` and
+        # removes it only when it exits by itself: every process killed (a cancel, a pause, a
+        # lost lease, a timeout, the worker's stop) left an empty one in /tmp, about fifteen a
+        # CI run. Each process gets a directory of its own in the scratch directory, removed
+        # when the process is gone (:meth:`_ended`), or with the scratch directory.
+        self.tmp = Path(tempfile.mkdtemp(prefix="tmp-", dir=self.scratch.path()))
         argv = [self.binary, "-b", "--factory-startup", "--python", str(SERVER_SCRIPT)]
-        self.proc = await spawn(argv, cwd=self.scratch.path(), stdin=True, stdout=True)
+        env = {**os.environ, "TMPDIR": str(self.tmp)}
+        try:
+            self.proc = await spawn(argv, cwd=self.scratch.path(), stdin=True, stdout=True, env=env)
+        except BaseException:
+            self._ended()
+            raise
         assert self.proc.stderr is not None
         self.tail = StderrTail(self.proc.stderr)
         self.loaded = None
@@ -165,6 +179,7 @@ class BlenderSlot:
         code = await self.proc.wait()
         tail = await self.tail.finish()
         self.proc = None
+        self._ended()
         if code < 0:
             return RendererCrashed(
                 f"killed by signal {-code}", renderer=NAME, stderr_tail=tail, signalled=True
@@ -244,6 +259,13 @@ class BlenderSlot:
             await proc.wait()
             if self.tail is not None:
                 await self.tail.finish()
+        self._ended()
+
+    def _ended(self) -> None:
+        """The process is gone: its ``TMPDIR`` goes too."""
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
 
 
 class BlenderRenderer:

@@ -20,7 +20,7 @@ import contextlib
 import ctypes
 import os
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from shared.core.errors import RetryableError, TerminalError
@@ -97,9 +97,15 @@ def _death_guard() -> Callable[[], None]:
 
 
 async def spawn(
-    argv: Sequence[str], *, cwd: Path, stdin: bool = False, stdout: bool = False
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    stdin: bool = False,
+    stdout: bool = False,
+    env: Mapping[str, str] | None = None,
 ) -> asyncio.subprocess.Process:
     """Start ``argv`` in a new session with the parent-death guard; stderr is always a pipe.
+    ``env`` replaces the environment (``None``: this process's).
 
     Raises :class:`RendererFailed` when the binary cannot be started (missing from PATH).
     """
@@ -111,6 +117,7 @@ async def spawn(
             stdout=pipe if stdout else null,
             stderr=pipe,
             cwd=cwd,
+            env=env,
             start_new_session=True,
             preexec_fn=_death_guard(),
         )
