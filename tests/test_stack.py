@@ -113,9 +113,15 @@ def test_seaweedfs_starts_again_on_fresh_ports_when_one_was_taken(tmp_path: Path
             assert server.s3_port != port and server.proc is not first
             s3 = server.client()
             s3.put_object(Bucket="tessera", Key="probe/b", Body=b"moved")  # type: ignore[attr-defined]
+            # the Unix sockets to remove are the ones weed made: the six named after the ports
+            # of its running start exist (a wrong name would not)
+            ports = {a.split("=", 1)[1] for a in server.proc.argv if "port" in a and "=" in a}
+            current = {p for p in server.sockets if p.stem.rsplit("-", 1)[1] in ports}
+            assert len(current) == 6 and all(p.is_socket() for p in current), current
         finally:
             server.stop()
     assert server.proc.pid is not None and not pid_alive(server.proc.pid)
+    assert not [p for p in server.sockets if p.exists()]  # none left in /tmp
 
 
 def test_readiness_timeout_names_what_and_shows_log(tmp_path: Path) -> None:
@@ -160,6 +166,7 @@ def test_nothing_survives_a_sigkilled_supervisor(server_dir: Path) -> None:
         from shared.devstack.stack import Stack
         stack = Stack(pathlib.Path({str(server_dir)!r}), s3=True, durable=False).start()
         print(" ".join(map(str, stack.pids())), flush=True)
+        print(" ".join(map(str, stack.s3.sockets)), flush=True)
         time.sleep(120)
         """
     )
@@ -169,6 +176,7 @@ def test_nothing_survives_a_sigkilled_supervisor(server_dir: Path) -> None:
     try:
         assert parent.stdout is not None
         pids = [int(p) for p in parent.stdout.readline().split()]
+        sockets = [Path(p) for p in parent.stdout.readline().split()]
         assert len(pids) == 3 and all(pid_alive(p) for p in pids)
     finally:
         parent.kill()
@@ -178,3 +186,8 @@ def test_nothing_survives_a_sigkilled_supervisor(server_dir: Path) -> None:
     eventually_sync(
         lambda: not any(pid_alive(p) for p in pids), timeout=10, what="servers exit with parent"
     )
+    # weed's Unix sockets in /tmp outlive a SIGKILLed supervisor (nothing ran its stop()): the
+    # test removes what it caused
+    assert sockets
+    for path in sockets:
+        path.unlink(missing_ok=True)

@@ -161,6 +161,9 @@ class Up:
         if self.popen.stdout is not None:
             self.popen.stdout.close()
         self._err.close()
+        self.err_path.unlink(
+            missing_ok=True
+        )  # (beside the data directory, which the fixture removes)
         eventually_sync(
             lambda: not any(pid_alive(p) for p in self.seen), timeout=15, what="all children gone"
         )

@@ -244,6 +244,16 @@ BIND_ATTEMPTS = 3
 _IN_USE = "address already in use"
 
 
+def weed_sockets(ports: dict[str, int], s3_port: int) -> set[Path]:
+    """The Unix sockets ``weed server`` makes for these ports and leaves when it is stopped:
+    one per component's gRPC port, one for the filer's and one for the S3 gateway's HTTP port,
+    all in ``/tmp`` whatever ``TMPDIR`` says (SeaweedFS names them so; about 35 a CI run were
+    left there)."""
+    names = [f"{c}-grpc-{ports[f'{c}.port.grpc']}" for c in ("master", "volume", "filer")]
+    names += [f"s3-grpc-{ports['s3.port.grpc']}", f"filer-{ports['filer.port']}", f"s3-{s3_port}"]
+    return {Path("/tmp") / f"seaweedfs-{name}.sock" for name in names}
+
+
 class SeaweedS3:
     """SeaweedFS (master, volume, filer and S3 gateway in one process) on loopback ports."""
 
@@ -251,6 +261,8 @@ class SeaweedS3:
         self.data_dir = data_dir
         self.config = data_dir / "s3.json"
         self._s3_port = s3_port
+        #: the Unix sockets weed makes for the ports it was given (see :func:`weed_sockets`)
+        self.sockets: set[Path] = set()
         self._pick_ports()
 
     def _pick_ports(self) -> None:
@@ -276,6 +288,7 @@ class SeaweedS3:
         argv += [f"-ip={HOST}"]
         argv += [f"-ip.bind={HOST}", "-s3", f"-s3.port={self.s3_port}", f"-s3.config={config}"]
         argv += [f"-{name}={port}" for name, port in ports.items()]
+        self.sockets |= weed_sockets(ports, self.s3_port)
         argv += ["-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false"]
         argv += ["-master.electionTimeout=1s"]  # one master: no reason to wait 10 s to lead
         argv += ["-master.volumeSizeLimitMB=64", "-volume.max=16", "-volume.preStopSeconds=0"]
@@ -349,9 +362,11 @@ class SeaweedS3:
         """Stop by PID: SIGTERM, SIGKILL after 3 s.
 
         weed's graceful gRPC shutdown can hang for many seconds; every object it acknowledged
-        is already in its volume files, so the bound is short.
+        is already in its volume files, so the bound is short. Its Unix sockets go with it.
         """
         self.proc.stop(timeout=3)
+        for path in self.sockets:
+            path.unlink(missing_ok=True)
 
 
 class Stack:

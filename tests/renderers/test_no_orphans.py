@@ -58,7 +58,8 @@ def test_sigkilled_worker_kills_povray(tmp_path: Path) -> None:
     require("povray")
     scene = tmp_path / "endless.pov"
     scene.write_text(ENDLESS_POV)
-    worker = standin("povray", scene, {})
+    # (the killed stand-in's POV-Ray scratch directory is left behind: under the test's directory)
+    worker = standin("povray", scene, {"TMPDIR": str(tmp_path)})
     try:
         assert worker.stdout is not None
         line = worker.stdout.readline()
