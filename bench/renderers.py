@@ -108,10 +108,19 @@ class _Job:
 def bench_blender(tmp: Path) -> None:
     blend = tmp / "demo.blend"
     script = ROOT / "services" / "cli" / "demo_blend.py"
-    build = ["blender", "-b", "--factory-startup", "--python", str(script), "--", str(blend)]
+    build = [
+        "blender",
+        "-b",
+        "-noaudio",
+        "--factory-startup",
+        "--python",
+        str(script),
+        "--",
+        str(blend),
+    ]
     subprocess.run(build, check=True, capture_output=True)
     t0 = time.perf_counter()
-    whole_argv = ["blender", "-b", str(blend), "--python-expr", WHOLE_SETTINGS]
+    whole_argv = ["blender", "-b", "-noaudio", str(blend), "--python-expr", WHOLE_SETTINGS]
     whole_argv += ["-o", str(tmp / "whole_####"), "-F", "OPEN_EXR", "-f", "1"]
     subprocess.run(whole_argv, check=True, capture_output=True)
     whole_s = time.perf_counter() - t0
@@ -252,7 +261,7 @@ def _e2e_blender(tmp: Path, env: Mapping[str, str]) -> list[str]:
     (tmp / "e2e-blend").mkdir()
     blend = build_demo_blend(tmp / "e2e-blend" / "demo.blend", W, H, SPP)
     t0 = time.perf_counter()
-    whole_argv = ["blender", "-b", str(blend), "--python-expr", WHOLE_SETTINGS]
+    whole_argv = ["blender", "-b", "-noaudio", str(blend), "--python-expr", WHOLE_SETTINGS]
     whole_argv += ["-o", str(tmp / "e2e_whole_####"), "-F", "OPEN_EXR", "-f", "1"]
     subprocess.run(whole_argv, check=True, capture_output=True)
     direct = time.perf_counter() - t0

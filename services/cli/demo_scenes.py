@@ -58,8 +58,8 @@ def build_demo_blend(out: Path, width: int = 640, height: int = 480, samples: in
     blender = shutil.which("blender")
     if blender is None:
         raise BlenderMissing("blender is not on PATH (apt-get install blender)")
-    argv = [blender, "-b", "--factory-startup", "--python", str(DEMO_BLEND_SCRIPT), "--",
-            str(out), str(width), str(height), str(samples)]  # fmt: skip
+    argv = [blender, "-b", "-noaudio", "--factory-startup", "--python", str(DEMO_BLEND_SCRIPT),
+            "--", str(out), str(width), str(height), str(samples)]  # fmt: skip
     try:
         subprocess.run(argv, check=True, capture_output=True, timeout=BUILD_TIMEOUT)
     except (OSError, subprocess.SubprocessError) as exc:

@@ -336,6 +336,7 @@ async def _ask_blender(blend: Path) -> BlendInfo:
     proc = await asyncio.create_subprocess_exec(
         exe,
         "-b",
+        "-noaudio",
         "--factory-startup",
         str(blend),
         "--python-expr",

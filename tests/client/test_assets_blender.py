@@ -46,7 +46,7 @@ def blends(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     (root / "tex" / "wood.png").write_bytes(b"\x89PNG not really")
     made = {name: root / f"{name}.blend" for name in CASES}
     jobs = json.dumps([[str(made[name]), image] for name, image in CASES.items()])
-    cmd = [blender, "-b", "--factory-startup", "--python", str(script), "--", jobs]
+    cmd = [blender, "-b", "-noaudio", "--factory-startup", "--python", str(script), "--", jobs]
     subprocess.run(cmd, check=True, capture_output=True, timeout=120)  # one start for all
     return made
 

@@ -157,7 +157,7 @@ class Requests:
 def blender_full_frame(blend: Path, out_dir: Path, frame: int) -> np.ndarray:
     """``blender -b shot.blend -f FRAME``: Blender's own float32 render of the whole frame."""
     script = REFERENCE.format(spp=SPP, w=W, h=H)
-    argv = [require("blender"), "-b", str(blend), "--python-expr", script]
+    argv = [require("blender"), "-b", "-noaudio", str(blend), "--python-expr", script]
     argv += ["-o", str(out_dir / "ref_####"), "-F", "OPEN_EXR", "-f", str(frame)]
     subprocess.run(argv, check=True, capture_output=True, timeout=120)
     return read_exr_rgb(out_dir / f"ref_{frame:04d}.exr")

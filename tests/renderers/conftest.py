@@ -53,7 +53,16 @@ def demo_blend(tmp_path_factory: pytest.TempPathFactory) -> Path:
     blender = require("blender")
     out = tmp_path_factory.mktemp("blend") / "demo.blend"
     subprocess.run(
-        [blender, "-b", "--factory-startup", "--python", str(DEMO_BLEND_SCRIPT), "--", str(out)],
+        [
+            blender,
+            "-b",
+            "-noaudio",
+            "--factory-startup",
+            "--python",
+            str(DEMO_BLEND_SCRIPT),
+            "--",
+            str(out),
+        ],
         check=True,
         capture_output=True,
         timeout=120,

@@ -49,7 +49,7 @@ f.file_format, f.color_depth, f.color_mode = 'OPEN_EXR', '32', 'RGBA'
 def blender_full_frame(blend: Path, out_dir: Path) -> np.ndarray:
     """``blender -b file -f FRAME``: Blender's own render of the whole frame, float32 RGB."""
     script = REFERENCE.format(spp=SPP, w=W, h=H)
-    argv = [require("blender"), "-b", str(blend), "--python-expr", script]
+    argv = [require("blender"), "-b", "-noaudio", str(blend), "--python-expr", script]
     argv += ["-o", str(out_dir / "ref_####"), "-F", "OPEN_EXR", "-f", str(FRAME)]
     subprocess.run(argv, check=True, capture_output=True, timeout=120)
     return read_exr_rgb(out_dir / f"ref_{FRAME:04d}.exr")

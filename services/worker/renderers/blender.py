@@ -154,7 +154,9 @@ class BlenderSlot:
         # CI run. Each process gets a directory of its own in the scratch directory, removed
         # when the process is gone (:meth:`_ended`), or with the scratch directory.
         self.tmp = Path(tempfile.mkdtemp(prefix="tmp-", dir=self.scratch.path()))
-        argv = [self.binary, "-b", "--factory-startup", "--python", str(SERVER_SCRIPT)]
+        # (-noaudio: no sound system; with one, every Blender start made a PulseAudio client
+        # directory, /tmp/pulse-*, and left it)
+        argv = [self.binary, "-b", "-noaudio", "--factory-startup", "--python", str(SERVER_SCRIPT)]
         env = {**os.environ, "TMPDIR": str(self.tmp)}
         try:
             self.proc = await spawn(argv, cwd=self.scratch.path(), stdin=True, stdout=True, env=env)
