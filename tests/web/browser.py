@@ -3,9 +3,7 @@ by Playwright (no browser is ever downloaded), with the flags that keep it off t
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -35,15 +33,9 @@ async def chromium() -> AsyncIterator[Browser]:
         raise RuntimeError(
             "`chromium` is not on PATH: `make test` installs it (apt-get install -y chromium)"
         )
-    # Chromium's audio client makes a ``pulse-*`` directory in its TMPDIR and leaves it: one in
-    # /tmp a CI run. It gets a TMPDIR of its own, removed afterwards.
-    with tempfile.TemporaryDirectory(prefix="tessera-chromium-") as tmp:
-        async with async_playwright() as p:
-            env: dict[str, str | float | bool] = {**os.environ, "TMPDIR": tmp}
-            browser = await p.chromium.launch(
-                executable_path=path, args=CHROMIUM_FLAGS, headless=True, env=env
-            )
-            try:
-                yield browser
-            finally:
-                await browser.close()
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=path, args=CHROMIUM_FLAGS, headless=True)
+        try:
+            yield browser
+        finally:
+            await browser.close()
