@@ -106,19 +106,7 @@ class _Job:
 
 
 def bench_blender(tmp: Path) -> None:
-    blend = tmp / "demo.blend"
-    script = ROOT / "services" / "cli" / "demo_blend.py"
-    build = [
-        "blender",
-        "-b",
-        "-noaudio",
-        "--factory-startup",
-        "--python",
-        str(script),
-        "--",
-        str(blend),
-    ]
-    subprocess.run(build, check=True, capture_output=True)
+    blend = build_demo_blend(tmp / "demo.blend")
     t0 = time.perf_counter()
     whole_argv = ["blender", "-b", "-noaudio", str(blend), "--python-expr", WHOLE_SETTINGS]
     whole_argv += ["-o", str(tmp / "whole_####"), "-F", "OPEN_EXR", "-f", "1"]

@@ -14,7 +14,7 @@ import pytest
 
 from services.cli.local import ServiceProcesses
 from shared.devstack.procs import ManagedProcess, StackError, wait_for
-from shared.devstack.stack import NatsServer, SeaweedS3, Stack
+from shared.devstack.stack import NatsServer, SeaweedS3, Stack, _unlink_if_stale
 from tests.helpers import eventually_sync, pid_alive
 
 
@@ -191,3 +191,18 @@ def test_nothing_survives_a_sigkilled_supervisor(server_dir: Path) -> None:
     assert sockets
     for path in sockets:
         path.unlink(missing_ok=True)
+
+
+def test_a_weed_socket_is_removed_only_once_nobody_listens_on_it(tmp_path: Path) -> None:
+    """A stop removes the socket files named for its ports; one a process still serves (another
+    stack's weed holding a port this one failed to take) stays."""
+    live, stale = tmp_path / "live.sock", tmp_path / "stale.sock"
+    with socket.socket(socket.AF_UNIX) as serving:
+        serving.bind(str(live))
+        serving.listen()
+        with socket.socket(socket.AF_UNIX) as closed:
+            closed.bind(str(stale))  # bound, never listening: what a stopped weed leaves
+        _unlink_if_stale(live)
+        _unlink_if_stale(stale)
+        _unlink_if_stale(tmp_path / "absent.sock")
+        assert live.is_socket() and not stale.exists()

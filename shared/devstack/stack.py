@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -254,6 +255,19 @@ def weed_sockets(ports: dict[str, int], s3_port: int) -> set[Path]:
     return {Path("/tmp") / f"seaweedfs-{name}.sock" for name in names}
 
 
+def _unlink_if_stale(path: Path) -> None:
+    """Remove a Unix socket file nobody listens on. One a process still serves stays: a start
+    that failed on a taken port has that port's name in :attr:`SeaweedS3.sockets` too, and
+    the weed holding the port may be another stack's, whose socket this would break."""
+    with socket.socket(socket.AF_UNIX) as probe:
+        try:
+            probe.connect(str(path))
+        except ConnectionRefusedError:
+            path.unlink(missing_ok=True)
+        except OSError:  # (gone already, or not a socket: nothing of ours)
+            pass
+
+
 class SeaweedS3:
     """SeaweedFS (master, volume, filer and S3 gateway in one process) on loopback ports."""
 
@@ -366,7 +380,7 @@ class SeaweedS3:
         """
         self.proc.stop(timeout=3)
         for path in self.sockets:
-            path.unlink(missing_ok=True)
+            _unlink_if_stale(path)
 
 
 class Stack:

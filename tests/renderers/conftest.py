@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import psutil
 import pytest
 
+from services.cli.demo_scenes import build_demo_blend
 from services.worker.renderers.blender import BlenderRenderer
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENES = Path(__file__).with_name("scenes")
-DEMO_BLEND_SCRIPT = ROOT / "services" / "cli" / "demo_blend.py"
 
 
 def require(binary: str) -> str:
@@ -50,24 +49,8 @@ def group_members(pgid: int) -> list[int]:
 @pytest.fixture(scope="session")
 def demo_blend(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The project's demo scene, built by Blender's Python (no .blend is checked in)."""
-    blender = require("blender")
-    out = tmp_path_factory.mktemp("blend") / "demo.blend"
-    subprocess.run(
-        [
-            blender,
-            "-b",
-            "-noaudio",
-            "--factory-startup",
-            "--python",
-            str(DEMO_BLEND_SCRIPT),
-            "--",
-            str(out),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    return out
+    require("blender")
+    return build_demo_blend(tmp_path_factory.mktemp("blend") / "demo.blend")
 
 
 @pytest.fixture(scope="module")
